@@ -1,0 +1,97 @@
+"""The numpy reference interpreter: the executable meaning of every IR op.
+
+`evaluate(graph, feeds)` runs the nodes in order with the registry's kernels and returns
+the graph outputs. Values are freed after their last use, so a model whose activations do
+not all fit at once can still be evaluated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from aviatorc.errors import EvaluationError
+from aviatorc.ir.graph import Graph, Value
+from aviatorc.ir.ops import get_op
+from aviatorc.ir.types import format_shape, numpy_dtype
+
+
+def check_feeds(graph: Graph, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Feeds as arrays of the inputs' types; symbolic dims must bind consistently."""
+    missing = [v.name for v in graph.inputs if v.name not in feeds]
+    if missing:
+        raise EvaluationError(f"missing input(s): {', '.join(missing)}")
+    unknown = sorted(set(feeds) - {v.name for v in graph.inputs})
+    if unknown:
+        raise EvaluationError(f"unknown input(s): {', '.join(unknown)}",
+                              hint=f"inputs are {', '.join(v.name for v in graph.inputs)}")
+    bound: dict[str, int] = {}
+    arrays = {}
+    for value in graph.inputs:
+        array = np.asarray(feeds[value.name])
+        expected = value.type
+        if array.dtype != numpy_dtype(expected.dtype):
+            raise EvaluationError(f"input '{value.name}' is {array.dtype}, expected {expected.dtype}")
+        if array.ndim != expected.rank:
+            raise EvaluationError(f"input '{value.name}' has shape {list(array.shape)}, expected {format_shape(expected.shape)}")
+        for size, dim in zip(array.shape, expected.shape):
+            if isinstance(dim, int) and size != dim:
+                raise EvaluationError(f"input '{value.name}' has shape {list(array.shape)}, expected {format_shape(expected.shape)}")
+            if isinstance(dim, str) and bound.setdefault(dim, size) != size:
+                raise EvaluationError(f"input '{value.name}': dim '{dim}' is {size} here but {bound[dim]} elsewhere")
+        arrays[value.name] = array
+    return arrays
+
+
+def evaluate(graph: Graph, feeds: Mapping[str, Any], *, keep: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """Run `graph` on `feeds` (name -> array); return its outputs (and any values named in `keep`)."""
+    env: dict[int, np.ndarray] = {}
+    arrays = check_feeds(graph, feeds)
+    for value in graph.inputs:
+        env[id(value)] = arrays[value.name]
+    last_use = _last_uses(graph)
+    wanted = {id(v) for v in graph.outputs} | {id(graph.value(n)) for n in keep}
+    kept: dict[str, np.ndarray] = {}
+    for step, node in enumerate(graph.nodes):
+        opdef = get_op(node.op)
+        ins = [_read(env, v, node.name) if v is not None else None for v in node.inputs]
+        attrs = opdef.resolve_attrs(node.attrs, node.name)
+        attrs["_num_outputs"] = len(node.outputs)
+        try:
+            outs = opdef.kernel(ins, attrs)
+        except EvaluationError:
+            raise
+        except Exception as error:  # a kernel failing on these feeds: name the node
+            raise EvaluationError(f"{type(error).__name__}: {error}", node=node.name, op=node.op) from error
+        for value, array in zip(node.outputs, outs):
+            env[id(value)] = np.asarray(array)
+            if value.name in keep:
+                kept[value.name] = env[id(value)]
+        for value in node.inputs:
+            if value is not None and last_use.get(id(value)) == step and id(value) not in wanted:
+                env.pop(id(value), None)
+    result = {v.name: _read(env, v, "output") for v in graph.outputs}
+    result.update(kept)
+    return result
+
+
+def _read(env: dict[int, np.ndarray], value: Value, where: str) -> np.ndarray:
+    if id(value) in env:
+        return env[id(value)]
+    if value.data is not None:
+        if not value.data.available:
+            raise EvaluationError(f"weight '{value.name}' has no data (imported shape-only)",
+                                  hint="import the model with its weights to evaluate it")
+        return value.data.load()
+    raise EvaluationError(f"value '{value.name}' is read by '{where}' before it is computed")
+
+
+def _last_uses(graph: Graph) -> dict[int, int]:
+    last: dict[int, int] = {}
+    for step, node in enumerate(graph.nodes):
+        for value in node.inputs:
+            if value is not None and value.producer is not None:
+                last[id(value)] = step
+    return last

@@ -1,0 +1,245 @@
+"""Tiny, deterministic models of real architectures, for tests and the op census.
+
+Each model is built from a ``transformers`` config object with random weights (no
+download), at a size where an ONNX export takes seconds: hidden 32-64, 2 layers,
+vocab 128-256. Every parameter is then perturbed with seeded noise, because the
+ONNX exporter's optimizer deletes additions of all-zero biases and multiplications
+by all-one norm weights, and a fixture without them would not exercise those ops.
+
+The model is wrapped so that it takes plain tensors and returns one named tensor
+(``logits`` for decoders, ``hidden`` for BERT), which keeps ``torch.export`` and
+``torch.onnx.export`` calls simple.
+
+torch, transformers and onnx are imported inside functions: importing
+``aviatorc`` must not pull them in.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+ZOO_ARCHS: tuple[str, ...] = ("gpt2", "llama", "mistral", "qwen2", "phi3", "opt", "bert")
+
+Exporter = Literal["dynamo", "legacy"]
+
+# Opsets each exporter is asked for. The dynamo exporter silently writes 18 when
+# asked for 17 (and a GPT-2 file onnxruntime refuses), so 18 is its floor.
+DYNAMO_OPSETS: tuple[int, ...] = (18, 20, 23)
+LEGACY_OPSET = 17
+DEFAULT_OPSET: dict[str, int] = {"dynamo": 18, "legacy": LEGACY_OPSET}
+
+VOCAB_SIZE = 128
+HIDDEN = 32
+LAYERS = 2
+MAX_POSITIONS = 64
+
+# Standard deviation of the noise added to every parameter after construction.
+PERTURB_STD = 0.02
+
+# Decoder-only architectures whose HF forward builds a causal mask from
+# attention_mask. The legacy exporter fails on Llama-family models (aten::diff)
+# unless attention_mask is passed explicitly, so every decoder gets one.
+_DECODERS = ("gpt2", "llama", "mistral", "qwen2", "phi3", "opt")
+
+
+def _config(arch: str) -> Any:
+    """The tiny ``transformers`` config for ``arch``."""
+    import transformers as tf
+
+    common: dict[str, Any] = {"vocab_size": VOCAB_SIZE, "use_cache": False}
+    if arch == "gpt2":
+        return tf.GPT2Config(
+            n_embd=HIDDEN, n_layer=LAYERS, n_head=4, n_positions=MAX_POSITIONS, **common
+        )
+    llama_like: dict[str, Any] = {
+        "hidden_size": HIDDEN,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,  # grouped-query attention: 2 query heads per kv head
+        "intermediate_size": 2 * HIDDEN + 8,  # 72: not a multiple of hidden
+        "max_position_embeddings": MAX_POSITIONS,
+        **common,
+    }
+    if arch == "llama":
+        return tf.LlamaConfig(**llama_like)
+    if arch == "mistral":
+        return tf.MistralConfig(sliding_window=None, **llama_like)
+    if arch == "qwen2":
+        return tf.Qwen2Config(**llama_like)
+    if arch == "phi3":
+        # Phi-3 fuses Q/K/V into one projection (qkv_proj) and gate/up into one.
+        return tf.Phi3Config(pad_token_id=0, **llama_like)
+    if arch == "opt":
+        return tf.OPTConfig(
+            hidden_size=HIDDEN,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=4,
+            ffn_dim=2 * HIDDEN + 8,
+            word_embed_proj_dim=HIDDEN,
+            max_position_embeddings=MAX_POSITIONS,
+            pad_token_id=1,
+            **common,
+        )
+    if arch == "bert":
+        return tf.BertConfig(
+            hidden_size=HIDDEN,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=4,
+            intermediate_size=2 * HIDDEN + 8,
+            max_position_embeddings=MAX_POSITIONS,
+            **common,
+        )
+    raise ValueError(f"unknown zoo architecture {arch!r}; choose one of {', '.join(ZOO_ARCHS)}")
+
+
+def config(arch: str) -> Any:
+    """The ``transformers`` config the zoo model for ``arch`` is built from."""
+    cfg = _config(arch)
+    cfg._attn_implementation = "eager"  # plain MatMul/Softmax, no SDPA kernel
+    return cfg
+
+
+def _perturb(model: torch.nn.Module, seed: int) -> None:
+    """Add seeded Gaussian noise to every parameter (biases and norm weights too)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for _, param in sorted(model.named_parameters()):
+            param.add_(torch.randn(param.shape, generator=gen, dtype=param.dtype) * PERTURB_STD)
+
+
+def build_model(arch: str, seed: int = 0) -> torch.nn.Module:
+    """A tiny eval-mode model of ``arch`` with seeded, perturbed weights.
+
+    Takes ``input_ids`` (and ``attention_mask`` for every arch) and returns one
+    tensor: logits [batch, seq, vocab] for decoders, the last hidden state
+    [batch, seq, hidden] for BERT.
+    """
+    import torch
+    import transformers as tf
+
+    cfg = config(arch)
+    torch.manual_seed(seed)
+    if arch == "bert":
+        inner = tf.BertModel(cfg, add_pooling_layer=False)
+    else:
+        inner = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    inner.eval()
+    _perturb(inner, seed)
+    model = _LogitsOnly(inner, "last_hidden_state" if arch == "bert" else "logits")
+    model.eval()
+    return model
+
+
+def _logits_only_cls() -> type:
+    import torch
+
+    class LogitsOnly(torch.nn.Module):
+        """Calls a HF model and returns one field of its output."""
+
+        def __init__(self, inner: torch.nn.Module, field: str) -> None:
+            super().__init__()
+            self.inner = inner
+            self.field = field
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            out = self.inner(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            return out[self.field]
+
+    return LogitsOnly
+
+
+def _LogitsOnly(inner: Any, field: str) -> Any:  # noqa: N802 - reads as a class at call sites
+    return _logits_only_cls()(inner, field)
+
+
+def example_inputs(
+    arch: str, batch: int = 1, seq: int = 8, seed: int = 0
+) -> dict[str, torch.Tensor]:
+    """Seeded ``input_ids`` (int64) and an all-ones ``attention_mask`` (int64)."""
+    import torch
+
+    if arch not in ZOO_ARCHS:
+        raise ValueError(f"unknown zoo architecture {arch!r}; choose one of {', '.join(ZOO_ARCHS)}")
+    gen = torch.Generator().manual_seed(seed)
+    # Token 0..2 are pad/bos/eos in some configs; stay clear of them.
+    input_ids = torch.randint(3, VOCAB_SIZE, (batch, seq), generator=gen, dtype=torch.int64)
+    attention_mask = torch.ones(batch, seq, dtype=torch.int64)
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+def output_name(arch: str) -> str:
+    """The name of the single ONNX graph output."""
+    # Not "last_hidden_state"/"embedding"-like internal names: with dynamo=True an
+    # output named like an internal value silently yields a file defining it twice.
+    return "hidden" if arch == "bert" else "logits"
+
+
+def export_onnx(
+    arch: str,
+    path: str | Path,
+    *,
+    exporter: Exporter = "dynamo",
+    opset: int | None = None,
+    dynamic: bool = False,
+    seed: int = 0,
+) -> Path:
+    """Export the zoo model for ``arch`` to ``path`` and check it with the ONNX checker.
+
+    ``dynamo`` defaults to opset 18 (20 and 23 also work); ``legacy`` to 17.
+    ``dynamic=True`` makes the batch and sequence axes symbolic.
+    """
+    import onnx
+    import torch
+
+    if exporter not in DEFAULT_OPSET:
+        raise ValueError(f"unknown exporter {exporter!r}; choose 'dynamo' or 'legacy'")
+    opset = DEFAULT_OPSET[exporter] if opset is None else opset
+    if exporter == "dynamo" and opset < 18:
+        raise ValueError(f"dynamo exporter writes opset 18 when asked for {opset}; ask for >= 18")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = build_model(arch, seed)
+    inputs = example_inputs(arch, seed=seed)
+    names = list(inputs)
+    out = output_name(arch)
+    kwargs: dict[str, Any] = {}
+    if dynamic:
+        if exporter == "dynamo":
+            batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
+            kwargs["dynamic_shapes"] = {n: {0: batch, 1: seq} for n in names}
+        else:
+            axes = {0: "batch", 1: "seq"}
+            kwargs["dynamic_axes"] = {**{n: axes for n in names}, out: axes}
+    torch.onnx.export(
+        model,
+        (),
+        str(path),
+        kwargs=inputs,
+        input_names=names,
+        output_names=[out],
+        opset_version=opset,
+        dynamo=exporter == "dynamo",
+        **kwargs,
+    )
+    onnx.checker.check_model(str(path), full_check=True)
+    return path
+
+
+__all__ = [
+    "DYNAMO_OPSETS",
+    "LEGACY_OPSET",
+    "ZOO_ARCHS",
+    "build_model",
+    "config",
+    "example_inputs",
+    "export_onnx",
+    "output_name",
+]
+_ = time
