@@ -16,7 +16,7 @@ torch, transformers and onnx are imported inside functions: importing
 
 from __future__ import annotations
 
-import time
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -117,8 +117,8 @@ def _perturb(model: torch.nn.Module, seed: int) -> None:
 def build_model(arch: str, seed: int = 0) -> torch.nn.Module:
     """A tiny eval-mode model of ``arch`` with seeded, perturbed weights.
 
-    Takes ``input_ids`` (and ``attention_mask`` for every arch) and returns one
-    tensor: logits [batch, seq, vocab] for decoders, the last hidden state
+    Takes ``input_ids`` and ``attention_mask`` (both int64 [batch, seq]) and returns
+    one tensor: logits [batch, seq, vocab] for decoders, the last hidden state
     [batch, seq, hidden] for BERT.
     """
     import torch
@@ -129,19 +129,19 @@ def build_model(arch: str, seed: int = 0) -> torch.nn.Module:
     if arch == "bert":
         inner = tf.BertModel(cfg, add_pooling_layer=False)
     else:
-        inner = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
-    inner.eval()
+        inner = tf.AutoModelForCausalLM.from_config(cfg)
     _perturb(inner, seed)
-    model = _LogitsOnly(inner, "last_hidden_state" if arch == "bert" else "logits")
-    model.eval()
-    return model
+    field = "last_hidden_state" if arch == "bert" else "logits"
+    return _single_output_class()(inner, field).eval()
 
 
-def _logits_only_cls() -> type:
+@functools.cache
+def _single_output_class() -> type[torch.nn.Module]:
+    """The wrapper class, defined on first use so this module never imports torch at load."""
     import torch
 
-    class LogitsOnly(torch.nn.Module):
-        """Calls a HF model and returns one field of its output."""
+    class SingleOutput(torch.nn.Module):
+        """Calls a HF model with plain tensors and returns one field of its output."""
 
         def __init__(self, inner: torch.nn.Module, field: str) -> None:
             super().__init__()
@@ -152,11 +152,7 @@ def _logits_only_cls() -> type:
             out = self.inner(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
             return out[self.field]
 
-    return LogitsOnly
-
-
-def _LogitsOnly(inner: Any, field: str) -> Any:  # noqa: N802 - reads as a class at call sites
-    return _logits_only_cls()(inner, field)
+    return SingleOutput
 
 
 def example_inputs(
@@ -242,4 +238,3 @@ __all__ = [
     "export_onnx",
     "output_name",
 ]
-_ = time

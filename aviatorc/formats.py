@@ -1,0 +1,103 @@
+"""Weight storage formats and their exact byte counts.
+
+One place answers "how many bytes does this [K, N] weight cost in SRAM": the quantize and
+sparsify passes record a `WeightFormat` on each weight they rewrite, and tiling and the
+partitioner count bytes with it. K is the reduction dim (rows of a [K, N] weight), N the
+output channels.
+
+Layouts (bytes per [K, N] matrix):
+- fp32 / fp16 / bf16: K * N * itemsize.
+- int8: K * N bytes + one fp16 scale per output channel (N * 2).
+- int4: K padded up to a multiple of the group, two values per byte, plus an fp16 scale per
+  (group, channel) and, if asymmetric, a 4-bit zero point per (group, channel), packed.
+- mxint8 / mxint4: blocks of `group_size` (32 by default) along K share an 8-bit exponent:
+  K_pad * N * bits / 8 + (K_pad / block) * N bytes.
+- 2:4 sparsity keeps half of K (two of every four) and a 2-bit index per kept value; it
+  composes with any of the above (the kept values are stored in that format).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from aviatorc.errors import OptionError
+
+KINDS = ("fp32", "fp16", "bf16", "int8", "int4", "mxint8", "mxint4")
+_DENSE_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8, "int4": 4, "mxint8": 8, "mxint4": 4}
+GROUP_SIZES = (32, 64, 128)
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How one weight matrix is stored."""
+
+    kind: str = "fp32"
+    group_size: int = 0  # int4 / mx*: elements along K sharing a scale; 0 where not grouped
+    symmetric: bool = True
+    sparsity: str = ""  # "" or "2:4"
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise OptionError(f"unknown weight format '{self.kind}'", hint=f"choose one of {', '.join(KINDS)}")
+        if self.grouped and self.group_size <= 0:
+            raise OptionError(f"format '{self.kind}' needs a positive group size")
+        if self.sparsity not in ("", "2:4"):
+            raise OptionError(f"unknown sparsity '{self.sparsity}'", hint="the only structured sparsity is '2:4'")
+
+    @property
+    def grouped(self) -> bool:
+        return self.kind in ("int4", "mxint8", "mxint4")
+
+    @property
+    def bits(self) -> int:
+        return _DENSE_BITS[self.kind]
+
+    @property
+    def name(self) -> str:
+        text = self.kind
+        if self.grouped:
+            text += f"-g{self.group_size}"
+        if self.kind == "int4" and not self.symmetric:
+            text += "-asym"
+        if self.sparsity:
+            text += "-sp" + self.sparsity.replace(":", "")
+        return text
+
+    def storage_bytes(self, k: int, n: int) -> int:
+        """Exact bytes of a [k, n] weight in this format, scales, zero points and indices included."""
+        if self.sparsity == "2:4":
+            k_groups = math.ceil(k / 4)
+            kept = k_groups * 2  # values kept along K
+            index_bytes = math.ceil(kept * n * 2 / 8)  # a 2-bit position per kept value
+            return self._dense_bytes(kept, n) + index_bytes
+        return self._dense_bytes(k, n)
+
+    def _dense_bytes(self, k: int, n: int) -> int:
+        if self.kind in ("fp32", "fp16", "bf16"):
+            return k * n * self.bits // 8
+        if self.kind == "int8":
+            return k * n + n * 2
+        groups = math.ceil(k / self.group_size)
+        k_pad = groups * self.group_size  # a ragged last group is padded
+        values = math.ceil(k_pad * n * self.bits / 8)
+        if self.kind == "int4":
+            scales = groups * n * 2
+            zeros = 0 if self.symmetric else math.ceil(groups * n / 2)
+            return values + scales + zeros
+        return values + groups * n  # mx: one shared 8-bit exponent per block
+
+    def to_attrs(self) -> dict[str, Any]:
+        return {"format": self.kind, "group_size": self.group_size, "symmetric": int(self.symmetric),
+                "sparsity": self.sparsity}
+
+    @classmethod
+    def from_attrs(cls, attrs: dict[str, Any]) -> WeightFormat:
+        return cls(str(attrs["format"]), int(attrs.get("group_size", 0)), bool(attrs.get("symmetric", 1)),
+                   str(attrs.get("sparsity", "")))
+
+
+def dense_format(dtype: str) -> WeightFormat:
+    """The format of an unquantized weight of an IR element type."""
+    return WeightFormat({"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(dtype, "fp32"))

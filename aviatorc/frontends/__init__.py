@@ -1,0 +1,39 @@
+"""Frontends: ONNX files, PyTorch modules and graphs, Hugging Face config.json -> IR Graph.
+
+Each frontend imports its heavy library (onnx, torch, transformers) inside functions, so
+`import aviatorc` stays light.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from aviatorc.errors import OptionError
+from aviatorc.ir import Graph
+
+
+def import_model(source: Any, example_inputs: Any = None, **options: Any) -> Graph:
+    """Import `source` into a verified IR graph.
+
+    source: a path to an `.onnx` file, a Hugging Face `config.json` (or a folder holding one;
+    imported shape-only), a `torch.nn.Module` (with `example_inputs`: a tuple of positional
+    tensors or a dict of keyword tensors), or a `torch.fx.GraphModule`.
+    """
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if path.is_dir() and (path / "config.json").is_file():
+            path = path / "config.json"
+        if path.suffix == ".onnx":
+            from aviatorc.frontends.onnx import import_onnx
+
+            return import_onnx(path, **options)
+        if path.suffix == ".json":
+            from aviatorc.frontends.torch import import_hf_config
+
+            return import_hf_config(path, **options)
+        raise OptionError(f"cannot tell the model format of '{path}'",
+                          hint="pass an .onnx file, a Hugging Face config.json, or a torch module")
+    from aviatorc.frontends.torch import import_torch
+
+    return import_torch(source, example_inputs, **options)

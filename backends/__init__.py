@@ -1,0 +1,1 @@
+"""Runtime backends (sim, cuda), imported as aviatorc.backends. The runtime lands with a later issue."""

@@ -1,0 +1,1 @@
+"""Passes: graph-to-graph rewrites (fusion, quantization, sparsity), imported as aviatorc.passes."""
