@@ -1,0 +1,58 @@
+"""Compile options: one vocabulary for the Python API and the CLI.
+
+`aviatorc.compile(source, quant="int4", group_size=32, ...)` and
+`aviatorc compile MODEL --quant int4 --group-size 32 ...` build the same `CompileOptions`;
+validation lives here so both report the same errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aviatorc.errors import OptionError
+from aviatorc.formats import GROUP_SIZES
+
+QUANT_CHOICES = ("int8", "int4", "mxint8", "mxint4")
+SPARSITY_CHOICES = ("2:4",)
+CALIBRATION_METHODS = ("rtn", "gptq", "awq")
+SPARSITY_METHODS = ("magnitude", "wanda", "sparsegpt")
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """Everything that shapes a compile, except the model and the calibration data."""
+
+    target: str | None = None  # a shipped target name or a path to a TOML file
+    cards: int | None = None
+    quant: str | None = None
+    group_size: int = 32
+    symmetric: bool = True
+    sparsity: str | None = None
+    sparsity_method: str = "magnitude"  # "wanda" / "sparsegpt" need calibration data
+    quant_method: str | None = None  # None: "gptq" for int4 with calibration data, else "rtn"
+    keep_fp16: tuple[str, ...] = ()  # fnmatch patterns of weight or node names kept in FP16
+    activations: str | None = None  # "minmax" or "percentile": W8A8 activation ranges
+    fuse_qkv: bool = True
+    passes: tuple[str, ...] | None = None  # an explicit pipeline overrides the one built from options
+    print_ir_after_change: bool = False
+    seed: int = 0
+    extra: dict[str, object] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.quant is not None and self.quant not in QUANT_CHOICES:
+            raise OptionError(f"unknown quantization '{self.quant}'", hint=f"choose one of {', '.join(QUANT_CHOICES)}")
+        if self.sparsity is not None and self.sparsity not in SPARSITY_CHOICES:
+            raise OptionError(f"unknown sparsity '{self.sparsity}'", hint="the only structured sparsity is '2:4'")
+        if self.group_size not in GROUP_SIZES:
+            raise OptionError(f"group size {self.group_size} is not supported",
+                              hint=f"choose one of {', '.join(map(str, GROUP_SIZES))}")
+        if self.quant_method is not None and self.quant_method not in CALIBRATION_METHODS:
+            raise OptionError(f"unknown quantization method '{self.quant_method}'",
+                              hint=f"choose one of {', '.join(CALIBRATION_METHODS)}")
+        if self.sparsity_method not in SPARSITY_METHODS:
+            raise OptionError(f"unknown sparsity method '{self.sparsity_method}'",
+                              hint=f"choose one of {', '.join(SPARSITY_METHODS)}")
+        if self.activations not in (None, "minmax", "percentile"):
+            raise OptionError(f"unknown activation calibration '{self.activations}'", hint="choose minmax or percentile")
+        if self.cards is not None and self.cards < 1:
+            raise OptionError(f"--cards must be at least 1, got {self.cards}")
