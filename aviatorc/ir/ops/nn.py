@@ -195,3 +195,169 @@ def _arg(name: str, fn: Any) -> None:
 
 _arg("ArgMax", np.argmax)
 _arg("ArgMin", np.argmin)
+
+
+# -- attention (ONNX Attention, opsets 23-25) ----------------------------------------------
+#
+# Q, K, V are 4-D [batch, heads, seq, head_size] or 3-D [batch, seq, heads * head_size]
+# (then q_num_heads and kv_num_heads say how to split them). Grouped-query attention
+# repeats each KV head q_num_heads / kv_num_heads times. The KV cache is past_key /
+# past_value (4-D) concatenated with K / V along the sequence axis; present_* return it.
+# Causal masking is bottom-right aligned: query i of the block attends key j iff
+# j <= i + past_len. A fully masked row yields zeros, as in the ONNX reference.
+
+
+def _dim_add(a: Dim, b: Dim) -> Dim:
+    if isinstance(a, int) and isinstance(b, int):
+        return a + b
+    if a == 0:
+        return b
+    return a if b == 0 else None
+
+
+def _dim_div(a: Dim, b: int) -> Dim:
+    if isinstance(a, int) and b:
+        if a % b:
+            raise ModelFormatError(f"hidden size {a} is not divisible by {b} heads")
+        return a // b
+    return None
+
+
+def _dim_mul(a: Dim, b: int) -> Dim:
+    return a * b if isinstance(a, int) else None
+
+
+def _attention_rule(ctx: InferContext) -> list[TensorType]:
+    q, k, v = ctx.type(0), ctx.type(1), ctx.type(2)
+    if len({q.dtype, k.dtype, v.dtype}) > 1:
+        raise ModelFormatError(f"Q, K, V have mismatched element types {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.rank == k.rank == v.rank or q.rank not in (3, 4):
+        raise ModelFormatError(f"Q, K, V must all be 3-D or all 4-D, got ranks {q.rank}, {k.rank}, {v.rank}")
+    batch = q.shape[0]
+    if q.rank == 3:
+        hq, hkv = ctx.attrs["q_num_heads"], ctx.attrs["kv_num_heads"]
+        if not hq or not hkv:
+            raise ModelFormatError("3-D Attention needs the q_num_heads and kv_num_heads attributes")
+        sq, skv = q.shape[1], k.shape[1]
+        dk, dv = _dim_div(k.shape[2], hkv), _dim_div(v.shape[2], hkv)
+        _dim_div(q.shape[2], hq)
+        y_shape: tuple[Dim, ...] = (batch, sq, _dim_mul(dv, hq) if dv is not None else None)
+        hq_dim: Dim = hq
+        hkv_dim: Dim = hkv
+    else:
+        hq_dim, sq, hkv_dim, skv = q.shape[1], q.shape[2], k.shape[1], k.shape[2]
+        dk, dv = k.shape[3], v.shape[3]
+        y_shape = (batch, hq_dim, sq, dv)
+    if isinstance(hq_dim, int) and isinstance(hkv_dim, int) and hkv_dim and hq_dim % hkv_dim:
+        raise ModelFormatError(f"{hq_dim} query heads are not a multiple of {hkv_dim} KV heads")
+    past = ctx.type(4).shape[2] if ctx.has(4) and ctx.type(4).rank == 4 else 0
+    total = _dim_add(past, skv)
+    out = [
+        TensorType(q.dtype, y_shape),
+        TensorType(q.dtype, (batch, hkv_dim, total, dk)),
+        TensorType(q.dtype, (batch, hkv_dim, total, dv)),
+        TensorType(q.dtype, (batch, hq_dim, sq, total)),
+    ]
+    return out[: ctx.num_outputs]
+
+
+def _to_heads(x: np.ndarray, heads: int) -> np.ndarray:
+    """[B, S, H*D] -> [B, H, S, D]."""
+    b, s, hidden = x.shape
+    return x.reshape(b, s, heads, hidden // heads).transpose(0, 2, 1, 3)
+
+
+def _masked_softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis; an all -inf row gives zeros instead of NaN."""
+    x_max = np.max(x, axis=-1, keepdims=True)
+    safe_max = np.where(np.isneginf(x_max), 0, x_max).astype(x.dtype)
+    e = np.exp(x - safe_max)
+    s = np.sum(e, axis=-1, keepdims=True)
+    return e / np.where(s == 0, 1, s).astype(x.dtype)
+
+
+def _attention_bias(q_len: int, kv_len: int, dtype: np.dtype, mask: np.ndarray | None, is_causal: bool,
+                    offset: Any, left: int, right: int) -> np.ndarray:
+    """The additive bias [.., q_len, kv_len]: mask (bool or additive), causal and window terms."""
+    neg_inf = dtype.type(-np.inf)
+    bias = np.zeros((q_len, kv_len), dtype)
+    if mask is not None:
+        pad_width = kv_len - mask.shape[-1]
+        if pad_width > 0:  # a mask shorter than the keys masks the rest
+            fill = False if mask.dtype == np.bool_ else -np.inf
+            mask = np.pad(mask, [(0, 0)] * (mask.ndim - 1) + [(0, pad_width)], constant_values=fill)
+        if mask.dtype == np.bool_:
+            mask = np.where(mask, dtype.type(0), neg_inf)
+        bias = bias + mask.astype(dtype)
+    i_idx = np.arange(q_len).reshape(q_len, 1)
+    j_idx = np.arange(kv_len).reshape(1, kv_len)
+    per_batch = np.ndim(offset) > 0
+    pos = i_idx + (np.reshape(offset, (-1, 1, 1)) if per_batch else int(offset))  # absolute query position
+    allowed = np.ones(np.shape(pos - j_idx), dtype=bool)
+    if is_causal:
+        allowed &= j_idx <= pos
+    if left >= 0:
+        allowed &= pos - j_idx <= left
+    if right >= 0:
+        allowed &= j_idx - pos <= right
+    term = np.where(allowed, dtype.type(0), neg_inf)
+    if per_batch:
+        term = term.reshape(term.shape[0], 1, q_len, kv_len)
+    return bias + term
+
+
+@register("Attention", inputs=(3, 7), infer=_attention_rule,
+          attrs={"is_causal": 0, "kv_num_heads": 0, "q_num_heads": 0, "qk_matmul_output_mode": 0,
+                 "scale": None, "softcap": 0.0, "softmax_precision": "", "left_window_size": -1,
+                 "right_window_size": -1},
+          outputs=lambda attrs, n: 1, max_outputs=4)
+def attention(ins: list[Any], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """Attention(Q, K, V, attn_mask?, past_key?, past_value?, nonpad_kv_seqlen?): ONNX scaled dot-product attention with GQA and a KV cache."""
+    q, k, v = ins[0], ins[1], ins[2]
+    mask, past_k, past_v, nonpad = (ins[i] if len(ins) > i else None for i in range(3, 7))
+    rank3 = q.ndim == 3
+    if rank3:
+        q = _to_heads(q, attrs["q_num_heads"])
+        k = _to_heads(k, attrs["kv_num_heads"])
+        v = _to_heads(v, attrs["kv_num_heads"])
+    dtype = q.dtype
+    scale = attrs["scale"] if attrs["scale"] is not None else 1 / np.sqrt(q.shape[3])
+    # The reference scales Q and K by sqrt(scale) each (as its function body does).
+    root = dtype.type(np.sqrt(scale))
+    k_all = np.concatenate((past_k, k), axis=2) if past_k is not None else k
+    v_all = np.concatenate((past_v, v), axis=2) if past_v is not None else v
+    q_len, kv_len = q.shape[2], k_all.shape[2]
+    if past_k is not None:
+        offset: Any = past_k.shape[2]
+    elif nonpad is not None:
+        offset = np.asarray(nonpad).reshape(-1) - q_len
+    else:
+        offset = 0
+    bias = _attention_bias(q_len, kv_len, dtype, mask, bool(attrs["is_causal"]), offset,
+                           attrs["left_window_size"], attrs["right_window_size"])
+    if nonpad is not None:
+        valid = np.arange(kv_len) < np.asarray(nonpad).reshape(-1, 1)
+        bias = bias + np.where(valid, 0, -np.inf).astype(dtype).reshape(-1, 1, 1, kv_len)
+    groups = q.shape[1] // k_all.shape[1]
+    k_rep = np.repeat(k_all, groups, axis=1) if groups > 1 else k_all
+    v_rep = np.repeat(v_all, groups, axis=1) if groups > 1 else v_all
+    scores = np.matmul(q * root, np.swapaxes(k_rep * root, -1, -2))
+    if attrs["softcap"] > 0:  # before the mask, so masked scores stay -inf
+        cap = dtype.type(attrs["softcap"])
+        scores = np.tanh(scores / cap) * cap
+    qk_out = scores
+    biased = scores + bias
+    if attrs["qk_matmul_output_mode"] == 2:
+        qk_out = biased
+    if attrs["softmax_precision"]:
+        from aviatorc.ir.types import numpy_dtype
+
+        biased = biased.astype(numpy_dtype(attrs["softmax_precision"]))
+    probs = _masked_softmax(biased)
+    probs = np.where(np.isneginf(np.max(bias, axis=-1, keepdims=True)), 0, probs).astype(probs.dtype)
+    if attrs["qk_matmul_output_mode"] == 3:
+        qk_out = probs
+    y = np.matmul(probs.astype(dtype), v_rep)
+    if rank3:
+        y = y.transpose(0, 2, 1, 3).reshape(y.shape[0], y.shape[2], -1)
+    return [y.astype(dtype), k_all, v_all, np.asarray(qk_out).astype(dtype)]
