@@ -1,14 +1,38 @@
-"""aviatorc: an ML compiler for in-memory-compute accelerators."""
+"""aviatorc: an ML compiler for in-memory-compute accelerators.
+
+    import aviatorc
+    graph = aviatorc.import_model("model.onnx")
+    art = aviatorc.compile("model.onnx", target="corsair", quant="int8")
+    art.save("build/model.avc")
+
+The top level imports nothing heavy: torch, onnx and OR-tools load when a stage needs them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from aviatorc.errors import AviatorError
 
+if TYPE_CHECKING:
+    from aviatorc.compiler import CompileResult
+    from aviatorc.ir import Graph
+
 __version__ = "0.1.0"
 
-__all__ = ["AviatorError", "__version__", "import_model"]
+__all__ = ["AviatorError", "__version__", "compile", "import_model"]
 
 
-def import_model(source, example_inputs=None, **options):  # type: ignore[no-untyped-def]
-    """Import a model into the IR: an .onnx path, a config.json path, an nn.Module or a GraphModule."""
+def import_model(source: Any, example_inputs: Any = None, **options: Any) -> Graph:
+    """Import a model into a verified IR graph: an .onnx path, a config.json path, an nn.Module
+    (with example inputs) or a torch.fx GraphModule. See `aviatorc.frontends.import_model`."""
     from aviatorc.frontends import import_model as _import_model
 
     return _import_model(source, example_inputs, **options)
+
+
+def compile(source: Any, example_inputs: Any = None, **options: Any) -> CompileResult:  # noqa: A001
+    """Import, transform and place a model. See `aviatorc.compiler.compile` for the options."""
+    from aviatorc.compiler import compile as _compile
+
+    return _compile(source, example_inputs, **options)

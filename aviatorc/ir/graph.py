@@ -231,6 +231,25 @@ class Graph:
             census[node.op] = census.get(node.op, 0) + 1
         return dict(sorted(census.items()))
 
+    def clone(self) -> Graph:
+        """A structural copy; initializer bytes are shared, not copied (they are never mutated)."""
+        copy = Graph(self.name)
+        copy.metadata = dict(self.metadata)
+        mapping: dict[int, Value] = {}
+        for value in self.inputs:
+            mapping[id(value)] = copy.add_input(value.name, value.type)
+        for value in self.initializers.values():
+            assert value.data is not None
+            mapping[id(value)] = copy.add_initializer(value.name, value.type, value.data)
+        for node in self.nodes:
+            inputs = [mapping[id(v)] if v is not None else None for v in node.inputs]
+            new = copy.add_node(node.op, inputs, [v.type for v in node.outputs], node.attrs, name=node.name,
+                                output_names=[v.name for v in node.outputs])
+            for old_out, new_out in zip(node.outputs, new.outputs):
+                mapping[id(old_out)] = new_out
+        copy.outputs = [mapping[id(v)] for v in self.outputs]
+        return copy
+
     # -- order --------------------------------------------------------------------------
 
     def sort(self) -> None:

@@ -1,0 +1,214 @@
+"""The `aviatorc` command line.
+
+    aviatorc inspect MODEL
+    aviatorc compile MODEL -o OUT [--target T] [--cards N] [--quant int8|int4|mxint8|mxint4] ...
+    aviatorc passes | aviatorc ops | aviatorc target list | aviatorc target show NAME [--resolved]
+
+A user error prints one line to stderr and exits with status 1; `--debug` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from aviatorc import __version__
+from aviatorc.errors import AviatorError, VerificationError
+
+EXIT_USER_ERROR = 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except AviatorError as error:
+        if args.debug:
+            raise
+        text = error.details() if isinstance(error, VerificationError) else str(error)
+        print(f"aviatorc: error: {text}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("aviatorc: interrupted; nothing was written", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="aviatorc", description="An ML compiler for in-memory-compute accelerators.")
+    parser.add_argument("--version", action="version", version=f"aviatorc {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("inspect", help="print a model's inputs, outputs, op census and parameter bytes")
+    p.add_argument("model", help="an .onnx file or a Hugging Face config.json")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--ir", action="store_true", help="also print the IR text")
+    p.set_defaults(handler=cmd_inspect)
+
+    p = sub.add_parser("compile", help="import, transform, and place a model; write an artifact directory")
+    p.add_argument("model", help="an .onnx file or a Hugging Face config.json")
+    p.add_argument("-o", "--output", required=True, help="artifact directory to write")
+    p.add_argument("--target", help="a shipped target name (see `aviatorc target list`) or a TOML file")
+    p.add_argument("--cards", type=int, help="build an N-card server from the target's card description")
+    p.add_argument("--quant", choices=["int8", "int4", "mxint8", "mxint4"], help="weight quantization")
+    p.add_argument("--group-size", type=int, default=32, help="int4 group size along the reduction dim (32/64/128)")
+    p.add_argument("--asymmetric", action="store_true", help="int4 with zero points")
+    p.add_argument("--quant-method", choices=["rtn", "gptq", "awq"], help="default: gptq for int4 with calibration")
+    p.add_argument("--sparsity", choices=["2:4"], help="structured sparsity")
+    p.add_argument("--sparsity-method", choices=["magnitude", "wanda", "sparsegpt"], default="magnitude")
+    p.add_argument("--keep-fp16", action="append", default=[], metavar="PATTERN",
+                   help="keep weights whose name matches this fnmatch pattern in FP16 (repeatable)")
+    p.add_argument("--activations", choices=["minmax", "percentile"], help="W8A8: calibrate activation ranges")
+    p.add_argument("--calibration", metavar="FILE.npz", help="calibration batches: one array per input, batches on axis 0")
+    p.add_argument("--no-fuse-qkv", action="store_true", help="leave q/k/v projections separate")
+    p.add_argument("--passes", help="explicit comma-separated pass pipeline (overrides the options)")
+    p.add_argument("--print-ir-after-change", action="store_true", help="print the IR after each pass that changed it")
+    p.add_argument("--time-limit", type=float, default=30.0, help="partitioner time budget in seconds")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-q", "--quiet", action="store_true")
+    p.set_defaults(handler=cmd_compile)
+
+    p = sub.add_parser("passes", help="list the passes")
+    p.set_defaults(handler=cmd_passes)
+
+    p = sub.add_parser("ops", help="list the IR's op set")
+    p.set_defaults(handler=cmd_ops)
+
+    p = sub.add_parser("target", help="list and show target descriptions")
+    tsub = p.add_subparsers(dest="target_command", required=True)
+    t = tsub.add_parser("list", help="list the shipped targets")
+    t.set_defaults(handler=cmd_target_list)
+    t = tsub.add_parser("show", help="show a target description")
+    t.add_argument("name", help="a shipped target name or a TOML file")
+    t.add_argument("--cards", type=int)
+    t.add_argument("--resolved", action="store_true", help="echo the fully resolved description")
+    t.set_defaults(handler=cmd_target_show)
+    return parser
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(highlight=False)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from aviatorc.frontends import import_model
+    from aviatorc.inspect import human_bytes, human_count, summarize
+    from aviatorc.ir import print_graph
+
+    start = time.perf_counter()
+    graph = import_model(_model_path(args.model))
+    summary = summarize(graph)
+    seconds = time.perf_counter() - start
+    if args.json:
+        print(json.dumps(summary.to_dict() | {"import_seconds": round(seconds, 3)}, indent=2))
+        return 0
+    from rich.table import Table
+
+    console = _console()
+    console.print(f"[bold]{args.model}[/bold]: graph '{summary.name}', {summary.num_nodes} nodes, "
+                  f"{human_count(summary.num_parameters)} parameters"
+                  + (" (shape-only)" if summary.shape_only else "") + f", imported in {seconds:.1f} s")
+    io = Table(title="inputs and outputs")
+    io.add_column("kind")
+    io.add_column("name")
+    io.add_column("type")
+    for name, type_ in summary.inputs:
+        io.add_row("input", name, type_)
+    for name, type_ in summary.outputs:
+        io.add_row("output", name, type_)
+    console.print(io)
+    census = Table(title="op census")
+    census.add_column("op")
+    census.add_column("count", justify="right")
+    for op, count in sorted(summary.op_census.items(), key=lambda kv: (-kv[1], kv[0])):
+        census.add_row(op, str(count))
+    console.print(census)
+    sizes = Table(title="initializer bytes by element type")
+    sizes.add_column("dtype")
+    sizes.add_column("bytes", justify="right")
+    for dtype, n in summary.bytes_by_dtype.items():
+        sizes.add_row(dtype, human_bytes(n))
+    console.print(sizes)
+    if args.ir:
+        print(print_graph(graph))
+    return 0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from aviatorc.compiler import compile as compile_model
+    from aviatorc.compiler import load_calibration_npz
+
+    console = _console()
+    log = (lambda text: None) if args.quiet else (lambda text: console.print(f"[dim]{text}[/dim]", markup=True)
+                                                   if not text.startswith("// IR") else print(text))
+    calibration = load_calibration_npz(args.calibration) if args.calibration else None
+    options: dict[str, Any] = {
+        "target": args.target, "cards": args.cards, "quant": args.quant, "group_size": args.group_size,
+        "symmetric": not args.asymmetric, "quant_method": args.quant_method, "sparsity": args.sparsity,
+        "sparsity_method": args.sparsity_method, "keep_fp16": tuple(args.keep_fp16),
+        "activations": args.activations, "fuse_qkv": not args.no_fuse_qkv,
+        "passes": tuple(p.strip() for p in args.passes.split(",") if p.strip()) if args.passes else None,
+        "print_ir_after_change": args.print_ir_after_change, "seed": args.seed, "time_limit_s": args.time_limit,
+    }
+    start = time.perf_counter()
+    result = compile_model(_model_path(args.model), calibration=calibration, log=log, **options)
+    out = result.save(args.output)
+    if not args.quiet:
+        console.print(result.report.summary())
+        if result.placement is not None:
+            from aviatorc.partition.report import render_table
+
+            console.print(render_table(result.placement))
+        console.print(f"wrote {out}/ in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+def cmd_passes(args: argparse.Namespace) -> int:
+    from aviatorc.passes.manager import list_passes
+
+    for name, summary in list_passes():
+        print(f"{name:18} {summary}")
+    return 0
+
+
+def cmd_ops(args: argparse.Namespace) -> int:
+    from aviatorc.ir import OPS
+
+    for name in sorted(OPS):
+        print(f"{name:20} {OPS[name].doc}")
+    return 0
+
+
+def cmd_target_list(args: argparse.Namespace) -> int:
+    from aviatorc.target import cli_list
+
+    print(cli_list())
+    return 0
+
+
+def cmd_target_show(args: argparse.Namespace) -> int:
+    from aviatorc.target import cli_show
+
+    print(cli_show(args.name, cards=args.cards, resolved=args.resolved))
+    return 0
+
+
+def _model_path(model: str) -> Path:
+    path = Path(model)
+    if not path.exists():
+        from aviatorc.errors import OptionError
+
+        raise OptionError(f"model '{model}' does not exist")
+    return path
+
+
+if __name__ == "__main__":
+    sys.exit(main())
