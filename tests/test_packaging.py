@@ -1,0 +1,86 @@
+"""Packaging and layering: every sub-package is listed, nothing imports upward, and the top
+level stays light."""
+
+import ast
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE_ROOTS = {"aviatorc": ROOT / "aviatorc", "aviatorc.passes": ROOT / "passes", "aviatorc.backends": ROOT / "backends"}
+
+
+def _packages_on_disk() -> set[str]:
+    found = set()
+    for prefix, root in SOURCE_ROOTS.items():
+        for init in root.rglob("__init__.py"):
+            rel = init.parent.relative_to(root)
+            found.add(".".join([prefix, *rel.parts]) if rel.parts else prefix)
+    return found
+
+
+def test_every_package_is_listed_in_pyproject():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    listed = set(config["tool"]["setuptools"]["packages"])
+    missing = _packages_on_disk() - listed
+    assert not missing, f"add these to [tool.setuptools] packages in pyproject.toml: {sorted(missing)}"
+
+
+def test_no_top_level_passes_package_is_importable_by_accident():
+    # passes/ must be reached as aviatorc.passes; a bare `import passes` would leak a generic name.
+    code = "import importlib.util, sys; sys.path = [p for p in sys.path if p not in ('', '.')]; " \
+           "print(importlib.util.find_spec('passes') is None)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert out.stdout.strip() == "True"
+
+
+# Each layer may import only the layers below it (STYLE.md).
+LAYERS = [
+    {"aviatorc.errors"},
+    {"aviatorc.ir", "aviatorc.target", "aviatorc.formats", "aviatorc.options"},
+    {"aviatorc.passes", "aviatorc.frontends", "aviatorc.quant", "aviatorc.accuracy", "aviatorc.models", "aviatorc.zoo"},
+    {"aviatorc.partition", "aviatorc.schedule", "aviatorc.plan"},
+    {"aviatorc.backends", "aviatorc.report", "aviatorc.runtime", "aviatorc.inspect"},
+    {"aviatorc.compiler", "aviatorc.cli", "aviatorc.__main__", "aviatorc"},
+]
+
+
+def _layer_of(module: str) -> int:
+    best = None
+    for index, layer in enumerate(LAYERS):
+        for name in layer:
+            if module == name or module.startswith(name + "."):
+                if best is None or len(name) > best[1]:
+                    best = (index, len(name))
+    return best[0] if best else len(LAYERS) - 1
+
+
+def _modules():
+    for prefix, root in SOURCE_ROOTS.items():
+        for path in root.rglob("*.py"):
+            rel = path.relative_to(root).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            yield ".".join([prefix, *parts]), path
+
+
+def test_layers_import_only_downward():
+    problems = []
+    for module, path in _modules():
+        own = _layer_of(module)
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            for name in names:
+                if name.startswith("aviatorc") and name != "aviatorc" and _layer_of(name) > own:
+                    problems.append(f"{module} imports {name}")
+    assert not problems, "upward imports:\n" + "\n".join(problems)
+
+
+def test_ir_imports_no_heavy_library():
+    code = "import sys, aviatorc.ir; print(sorted(m for m in ('torch', 'onnx', 'ortools', 'transformers') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

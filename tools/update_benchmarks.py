@@ -1,0 +1,42 @@
+"""Rebuild BENCHMARKS.md from the results each benchmark writes under tools/results/.
+
+    python tools/bench_import.py && python tools/onnx_conformance.py && ... && python tools/update_benchmarks.py
+
+Each benchmark prints its figures and writes `tools/results/<name>.md`; this script only
+concatenates them, in a fixed order, under a header that says how to rerun each one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "tools" / "results"
+ORDER = [
+    ("onnx_conformance", "python tools/onnx_conformance.py"),
+    ("bench_import", "python tools/bench_import.py"),
+    ("bench_quant", "python tools/bench_quant.py"),
+    ("bench_partition", "python tools/bench_partition.py"),
+]
+
+
+def main() -> None:
+    parts = [
+        "# Benchmarks\n",
+        "Measured on the project's 2-core, 24 GB CPU machine. Every figure comes from a script in `tools/`;",
+        "rerun it, then `python tools/update_benchmarks.py` to rebuild this page.\n",
+    ]
+    known = {name for name, _ in ORDER}
+    extra = sorted(p.stem for p in RESULTS.glob("*.md") if p.stem not in known)
+    for name, command in ORDER + [(n, f"python tools/{n}.py") for n in extra]:
+        path = RESULTS / f"{name}.md"
+        if not path.exists():
+            continue
+        parts.append(f"\n<!-- rerun: {command} -->\n")
+        parts.append(path.read_text().strip() + "\n")
+    (ROOT / "BENCHMARKS.md").write_text("\n".join(parts))
+    print(f"wrote {ROOT / 'BENCHMARKS.md'}")
+
+
+if __name__ == "__main__":
+    main()
