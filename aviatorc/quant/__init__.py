@@ -1,0 +1,10 @@
+"""Weight quantization and 2:4 sparsity numerics, independent of the IR passes that use them.
+
+`rtn` holds the storage layouts (packing, exact bytes) and round-to-nearest quantization;
+`gptq` and `awq` the calibrated INT4 methods; `sparse` the 2:4 selection rules;
+`calibration` collects per-MatMul activation statistics by running the interpreter.
+"""
+
+from aviatorc.quant.rtn import PackedWeight, dequantize, pack_weight, packed_layout
+
+__all__ = ["PackedWeight", "dequantize", "pack_weight", "packed_layout"]

@@ -1,0 +1,387 @@
+"""Storage layouts, packing and round-to-nearest quantization of [K, N] weights.
+
+One layout per `WeightFormat`, laid out so the stored arrays' byte sizes add up exactly to
+`WeightFormat.storage_bytes(K, N)` (tests pin this). The arrays are, in the order
+`DequantizeWeight` takes them:
+
+    values   fp32/fp16/bf16 [Ks, N] | int8 [Ks, N] | int4 and mxint4: uint8 [Kp/2, N], two
+             4-bit codes per byte along K (row 2i in the low nibble) | mxint8: int8 [Kp, N]
+    scale    int8: fp16 [N] | int4: fp16 [G, N] | mx: uint8 [G, N] biased exponents (2^(e-127))
+    zero     asymmetric int4 only: 4-bit zero points of the [G, N] groups, flat, two per byte
+    indices  2:4 only: the 2-bit position (0..3) of each kept value in its group of four, flat
+             over [Ks, N] row-major, four per byte (the first in the low bits)
+
+Ks is K, or the kept rows under 2:4 (two of every four, K padded to a multiple of 4); groups
+of `group_size` run along Ks, and a ragged last group is padded to Kp = G * group_size with
+zeros (SmolLM2's K = 576 with groups of 128). Under 2:4 a group of g kept values therefore
+covers 2g rows of the dense weight.
+
+Grids: int8 is symmetric per output channel, codes -127..127, scale = amax / 127. int4 is
+per group: symmetric codes -8..7 with scale = amax / 7, or asymmetric codes 0..15 with
+scale = (max - min) / 15 and a zero point. mxint8 / mxint4 share a power-of-two scale per
+group (the 8-bit exponent), codes -127..127 / -8..7. Scales are rounded to fp16 *before*
+the codes are computed, so the stored scale is the one the codes were made with and
+|w - dequant(w)| <= scale / 2 holds for the stored scale.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from aviatorc.formats import WeightFormat
+
+_FLOAT_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+FP16_TINY = 2.0**-14  # smallest normal fp16: scales below it would lose precision
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The integer code range of a format and whether its scale is a power of two."""
+
+    lo: int
+    hi: int
+    pow2: bool = False
+
+
+def grid(fmt: WeightFormat) -> Grid:
+    if fmt.kind == "int8":
+        return Grid(-127, 127)
+    if fmt.kind == "int4":
+        return Grid(-8, 7) if fmt.symmetric else Grid(0, 15)
+    if fmt.kind == "mxint8":
+        return Grid(-127, 127, pow2=True)
+    if fmt.kind == "mxint4":
+        return Grid(-8, 7, pow2=True)
+    raise ValueError(f"format {fmt.kind} has no integer grid")
+
+
+# -- layout ------------------------------------------------------------------------------
+
+
+def stored_rows(fmt: WeightFormat, k: int) -> int:
+    """Rows of K actually stored: K, or the kept rows under 2:4."""
+    return math.ceil(k / 4) * 2 if fmt.sparsity == "2:4" else k
+
+
+def group_rows(fmt: WeightFormat, k: int) -> int:
+    """Rows (of the stored K) sharing one scale: the whole column for int8, else the group."""
+    return fmt.group_size if fmt.grouped else stored_rows(fmt, k)
+
+
+def packed_layout(fmt: WeightFormat, k: int, n: int) -> list[tuple[str, str, tuple[int, ...]] | None]:
+    """(role, dtype, shape) of each stored array in `DequantizeWeight` input order; None where absent."""
+    ks = stored_rows(fmt, k)
+    slots: list[tuple[str, str, tuple[int, ...]] | None] = [None, None, None, None]
+    if fmt.kind in _FLOAT_DTYPES:
+        slots[0] = ("values", _FLOAT_DTYPES[fmt.kind], (ks, n))
+    elif fmt.kind == "int8":
+        slots[0] = ("values", "int8", (ks, n))
+        slots[1] = ("scale", "float16", (n,))
+    else:
+        groups = math.ceil(ks / fmt.group_size)
+        k_pad = groups * fmt.group_size
+        if fmt.bits == 4:
+            slots[0] = ("values", "uint8", (k_pad // 2, n))
+        else:
+            slots[0] = ("values", "int8", (k_pad, n))
+        slots[1] = ("scale", "uint8" if fmt.kind.startswith("mx") else "float16", (groups, n))
+        if fmt.kind == "int4" and not fmt.symmetric:
+            slots[2] = ("zero", "uint8", (math.ceil(groups * n / 2),))
+    if fmt.sparsity == "2:4":
+        slots[3] = ("indices", "uint8", (math.ceil(ks * n / 4),))
+    while slots and slots[-1] is None:
+        slots.pop()
+    return slots
+
+
+def layout_bytes(fmt: WeightFormat, k: int, n: int) -> int:
+    """Bytes of the stored arrays (equal to fmt.storage_bytes(k, n) by construction)."""
+    total = 0
+    for slot in packed_layout(fmt, k, n):
+        if slot is not None:
+            total += math.prod(slot[2]) * np.dtype(_np_dtype(slot[1])).itemsize
+    return total
+
+
+def _np_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+@dataclass(frozen=True, eq=False)
+class PackedWeight:
+    """A weight as stored: the format, its dense shape, and the arrays in input order."""
+
+    fmt: WeightFormat
+    k: int
+    n: int
+    arrays: tuple[np.ndarray | None, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in self.arrays if a is not None)
+
+    def dequantize(self) -> np.ndarray:
+        return dequantize(self.arrays, self.fmt, self.k, self.n)
+
+
+# -- bit packing -------------------------------------------------------------------------
+
+
+def pack_nibbles_k(codes: np.ndarray) -> np.ndarray:
+    """[Kp, N] codes (any ints; the low 4 bits kept) -> uint8 [Kp/2, N], row 2i in the low nibble."""
+    u = (codes.astype(np.int16) & 0xF).astype(np.uint8)
+    return (u[0::2] | (u[1::2] << 4)).astype(np.uint8)
+
+
+def unpack_nibbles_k(packed: np.ndarray, signed: bool) -> np.ndarray:
+    """Inverse of pack_nibbles_k: uint8 [Kp/2, N] -> int16 [Kp, N] (sign-extended when `signed`)."""
+    lo = (packed & 0xF).astype(np.int16)
+    hi = (packed >> 4).astype(np.int16)
+    out = np.empty((packed.shape[0] * 2,) + packed.shape[1:], dtype=np.int16)
+    out[0::2], out[1::2] = lo, hi
+    if signed:
+        out = np.where(out >= 8, out - 16, out).astype(np.int16)
+    return out
+
+
+def pack_bits_flat(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Flatten row-major and pack `bits`-wide codes (2 or 4) into bytes, first code in the low bits."""
+    per_byte = 8 // bits
+    flat = codes.reshape(-1).astype(np.uint8) & ((1 << bits) - 1)
+    pad = (-flat.size) % per_byte
+    flat = np.concatenate([flat, np.zeros(pad, np.uint8)]).reshape(-1, per_byte)
+    out = np.zeros(flat.shape[0], np.uint8)
+    for i in range(per_byte):
+        out |= flat[:, i] << (bits * i)
+    return out
+
+
+def unpack_bits_flat(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
+    per_byte = 8 // bits
+    mask = (1 << bits) - 1
+    parts = [(packed >> (bits * i)) & mask for i in range(per_byte)]
+    return np.stack(parts, axis=1).reshape(-1)[:count].astype(np.uint8)
+
+
+# -- 2:4 compression ---------------------------------------------------------------------
+
+
+def compress_24(w_KN: np.ndarray, mask_KN: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Kept values [Ks, N] and their positions (0..3) in each group of four rows.
+
+    `mask_KN` marks the kept entries; a group with fewer than two marked entries (only in
+    the zero padding of a K that is not a multiple of 4) keeps its first unmarked ones.
+    """
+    k, n = w_KN.shape
+    k4 = math.ceil(k / 4) * 4
+    w = np.zeros((k4, n), w_KN.dtype)
+    w[:k] = w_KN
+    m = np.zeros((k4, n), bool)
+    m[:k] = mask_KN
+    w_G4N, m_G4N = w.reshape(-1, 4, n), m.reshape(-1, 4, n)
+    if (m_G4N.sum(axis=1) > 2).any():
+        raise ValueError("2:4 mask keeps more than two of four in some group")
+    # Stable order: kept positions first (in position order), then the rest.
+    order = np.argsort(~m_G4N, axis=1, kind="stable")[:, :2, :]
+    order = np.sort(order, axis=1)
+    values = np.take_along_axis(w_G4N, order, axis=1).reshape(-1, n)
+    return values, order.reshape(-1, n).astype(np.uint8)
+
+
+def expand_24(values_KsN: np.ndarray, idx_KsN: np.ndarray, k: int) -> np.ndarray:
+    """Inverse of compress_24: scatter kept values back to a dense [K, N] with zeros."""
+    ks, n = values_KsN.shape
+    dense = np.zeros((ks // 2, 4, n), values_KsN.dtype)
+    np.put_along_axis(dense, idx_KsN.reshape(-1, 2, n).astype(np.int64), values_KsN.reshape(-1, 2, n), axis=1)
+    return dense.reshape(-1, n)[:k]
+
+
+# -- scales and codes --------------------------------------------------------------------
+
+
+def _pad_rows(x: np.ndarray, rows: int) -> np.ndarray:
+    if x.shape[0] == rows:
+        return x
+    out = np.zeros((rows,) + x.shape[1:], x.dtype)
+    out[: x.shape[0]] = x
+    return out
+
+
+def quant_params(
+    values_KN: np.ndarray,
+    fmt: WeightFormat,
+    *,
+    clip_search: bool = False,
+    row_weight: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Scale and zero point per (group, column) for values laid out [K, N] along the stored K.
+
+    Returns float32 arrays of shape [G, N] (G = 1 for int8); the scale is already rounded to
+    what is stored (fp16, or a power of two for mx). With `clip_search`, each group tries
+    ranges shrunk by up to 25% and keeps the one with the least squared error, weighted
+    per row by `row_weight` (for example the diagonal of the activation Hessian).
+    """
+    g = group_rows(fmt, values_KN.shape[0]) if fmt.grouped else values_KN.shape[0]
+    groups = math.ceil(values_KN.shape[0] / g)
+    x = _pad_rows(values_KN.astype(np.float32), groups * g).reshape(groups, g, -1)
+    rw = None
+    if row_weight is not None:
+        rw = _pad_rows(row_weight.astype(np.float32), groups * g).reshape(groups, g, 1)
+    ratios = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75) if clip_search else (1.0,)
+    best_scale = best_zero = best_err = None
+    for ratio in ratios:
+        scale, zero = _params_for_range(x.min(axis=1) * ratio, x.max(axis=1) * ratio, fmt)
+        if len(ratios) == 1:
+            return scale, zero
+        err = (fake_quant(x, scale[:, None, :], zero[:, None, :], fmt) - x) ** 2
+        err = (err * rw if rw is not None else err).sum(axis=1)
+        if best_err is None:
+            best_scale, best_zero, best_err = scale, zero, err
+        else:
+            better = err < best_err
+            best_scale = np.where(better, scale, best_scale)
+            best_zero = np.where(better, zero, best_zero)
+            best_err = np.minimum(err, best_err)
+    return best_scale, best_zero  # type: ignore[return-value]
+
+
+def _params_for_range(lo: np.ndarray, hi: np.ndarray, fmt: WeightFormat) -> tuple[np.ndarray, np.ndarray]:
+    q = grid(fmt)
+    if q.pow2:
+        amax = np.maximum(np.abs(lo), np.abs(hi))
+        with np.errstate(divide="ignore"):
+            e = np.ceil(np.log2(amax / q.hi))
+        e = np.where(amax > 0, e, -127.0)
+        e = np.clip(e, -127, 127)
+        return (2.0**e).astype(np.float32), np.zeros_like(e, dtype=np.float32)
+    if q.lo < 0:  # symmetric
+        amax = np.maximum(np.abs(lo), np.abs(hi))
+        scale = amax / q.hi
+        zero = np.zeros_like(scale)
+    else:
+        lo, hi = np.minimum(lo, 0), np.maximum(hi, 0)  # the grid holds 0 exactly
+        scale = (hi - lo) / q.hi
+        zero = None
+    scale = np.where(scale > 0, np.maximum(scale, FP16_TINY), 1.0)
+    scale = scale.astype(np.float16).astype(np.float32)
+    if zero is None:
+        zero = np.clip(np.round(-lo / scale), q.lo, q.hi).astype(np.float32)
+    return scale.astype(np.float32), zero
+
+
+def quantize_codes(x: np.ndarray, scale: np.ndarray, zero: np.ndarray, fmt: WeightFormat) -> np.ndarray:
+    q = grid(fmt)
+    return np.clip(np.round(x / scale) + zero, q.lo, q.hi)
+
+
+def fake_quant(x: np.ndarray, scale: np.ndarray, zero: np.ndarray, fmt: WeightFormat) -> np.ndarray:
+    """Quantize and dequantize `x` with broadcastable scale / zero."""
+    return ((quantize_codes(x, scale, zero, fmt) - zero) * scale).astype(np.float32)
+
+
+def expand_groups(p_GN: np.ndarray, rows: int, g: int) -> np.ndarray:
+    """Per-group parameters repeated to per-row, cut to `rows`."""
+    return np.repeat(p_GN, g, axis=0)[:rows]
+
+
+# -- pack and dequantize -----------------------------------------------------------------
+
+
+def pack_weight(
+    w_KN: np.ndarray,
+    fmt: WeightFormat,
+    *,
+    mask: np.ndarray | None = None,
+    scale: np.ndarray | None = None,
+    zero: np.ndarray | None = None,
+    clip_search: bool = False,
+) -> PackedWeight:
+    """Store a [K, N] weight in `fmt`.
+
+    Under 2:4, `mask` marks the kept entries (at most two per group of four rows; pruned
+    entries are dropped whatever their value). `scale` / `zero` ([G, N], as `quant_params`
+    returns them) let a calibrated method (GPTQ) supply its own; values it already put on
+    the grid are then stored exactly. Otherwise round-to-nearest picks them.
+    """
+    k, n = w_KN.shape
+    w = np.asarray(w_KN, dtype=np.float32)
+    indices = None
+    if fmt.sparsity == "2:4":
+        if mask is None:
+            raise ValueError("a 2:4 format needs the mask of kept entries")
+        w, idx = compress_24(w, mask)
+        indices = pack_bits_flat(idx, 2)
+    if fmt.kind in _FLOAT_DTYPES:
+        return PackedWeight(fmt, k, n, _trim((w.astype(_np_dtype(_FLOAT_DTYPES[fmt.kind])), None, None, indices)))
+    ks = w.shape[0]
+    g = group_rows(fmt, k)
+    groups = math.ceil(ks / g)
+    if scale is None:
+        scale, zero = quant_params(w, fmt, clip_search=clip_search)
+    assert zero is not None
+    w_pad = _pad_rows(w, groups * g)
+    codes = quantize_codes(w_pad, expand_groups(scale, groups * g, g), expand_groups(zero, groups * g, g), fmt)
+    codes = codes.astype(np.int16)
+    if fmt.kind == "int8":
+        arrays = (codes[:ks].astype(np.int8), scale.reshape(n).astype(np.float16), None, indices)
+    elif fmt.kind == "int4":
+        zeros = None if fmt.symmetric else pack_bits_flat(zero.astype(np.uint8), 4)
+        arrays = (pack_nibbles_k(codes), scale.astype(np.float16), zeros, indices)
+    else:  # mx: exponents biased by 127
+        exponents = (np.round(np.log2(scale)) + 127).astype(np.uint8)
+        values = pack_nibbles_k(codes) if fmt.bits == 4 else codes.astype(np.int8)
+        arrays = (values, exponents, None, indices)
+    return PackedWeight(fmt, k, n, _trim(arrays))
+
+
+def _trim(arrays: tuple[np.ndarray | None, ...]) -> tuple[np.ndarray | None, ...]:
+    items = list(arrays)
+    while items and items[-1] is None:
+        items.pop()
+    return tuple(items)
+
+
+def dequantize(arrays: tuple[np.ndarray | None, ...] | list[np.ndarray | None], fmt: WeightFormat,
+               k: int, n: int) -> np.ndarray:
+    """The float32 [K, N] weight the stored arrays stand for (the `DequantizeWeight` kernel)."""
+    arrays = list(arrays) + [None] * (4 - len(arrays))
+    values, scale, zero, indices = arrays
+    ks = stored_rows(fmt, k)
+    if fmt.kind in _FLOAT_DTYPES:
+        w = values.astype(np.float32)
+    elif fmt.kind == "int8":
+        w = values.astype(np.float32) * scale.astype(np.float32)[None, :]
+    else:
+        g = fmt.group_size
+        if fmt.bits == 4:
+            codes = unpack_nibbles_k(values, signed=fmt.kind == "mxint4" or fmt.symmetric)
+        else:
+            codes = values.astype(np.int16)
+        rows = codes.shape[0]
+        if fmt.kind.startswith("mx"):
+            s = np.exp2(scale.astype(np.float32) - 127.0)
+            z = np.zeros_like(s)
+        else:
+            s = scale.astype(np.float32)
+            z = np.zeros_like(s)
+            if not fmt.symmetric:
+                z = unpack_bits_flat(zero, 4, s.size).reshape(s.shape).astype(np.float32)
+        w = (codes.astype(np.float32) - expand_groups(z, rows, g)) * expand_groups(s, rows, g)
+        w = w[:ks]
+    if fmt.sparsity == "2:4":
+        idx = unpack_bits_flat(indices, 2, ks * n).reshape(ks, n)
+        w = expand_24(w, idx, k)
+    return np.ascontiguousarray(w[:k], dtype=np.float32)
+
+
+def rtn(w_KN: np.ndarray, fmt: WeightFormat, *, mask: np.ndarray | None = None,
+        clip_search: bool = False) -> PackedWeight:
+    """Round-to-nearest: the baseline every calibrated method is measured against."""
+    return pack_weight(w_KN, fmt, mask=mask, clip_search=clip_search)
