@@ -224,6 +224,8 @@ def _groups_by_structure(graph: Graph, projections: list[Projection],
         if all(len(found) == 1 for found in roles.values()):
             groups.append(Group(roles["q"][0], roles["k"][0], roles["v"][0], "structure"))
             continue
+        if len(members) < 2:  # a lone projection into attention (cross-attention's q) is no near-miss
+            continue
         counts = ", ".join(f"{len(found)} {role}" for role, found in roles.items())
         notes.append(Note(members[0].matmul.name,
                           f"projections of '{members[0].x.name}' reach attention as {counts}: "
