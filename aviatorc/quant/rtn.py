@@ -220,6 +220,7 @@ def quant_params(
     *,
     clip_search: bool = False,
     row_weight: np.ndarray | None = None,
+    rows_per_group: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Scale and zero point per (group, column) for values laid out [K, N] along the stored K.
 
@@ -227,8 +228,9 @@ def quant_params(
     what is stored (fp16, or a power of two for mx). With `clip_search`, each group tries
     ranges shrunk by up to 25% and keeps the one with the least squared error, weighted
     per row by `row_weight` (for example the diagonal of the activation Hessian).
+    `rows_per_group` overrides the format's group (GPTQ passes one group at a time).
     """
-    g = group_rows(fmt, values_KN.shape[0]) if fmt.grouped else values_KN.shape[0]
+    g = rows_per_group or (fmt.group_size if fmt.grouped else values_KN.shape[0])
     groups = math.ceil(values_KN.shape[0] / g)
     x = _pad_rows(values_KN.astype(np.float32), groups * g).reshape(groups, g, -1)
     rw = None

@@ -1,0 +1,223 @@
+"""quantize: linear weights to INT8 / INT4 / MXINT8 / MXINT4; embeddings and chosen layers to FP16.
+
+What it rewrites:
+- `MatMul(x, W)` with W a float [K, N] initializer (or the fp32 2:4 `DequantizeWeight` that
+  `sparsify-2to4` leaves) becomes `MatMul(x, DequantizeWeight(values, scale, zero?, indices?))`
+  whose inputs are the packed bytes exactly as stored (layouts in `aviatorc.quant.rtn`); a 2:4
+  weight keeps its pattern and only its kept values are quantized.
+- INT8 is symmetric per output channel. INT4 is group-wise along K (`group_size` 32/64/128,
+  symmetric or asymmetric, fp16 scales, two codes per byte); MX formats share a power-of-two
+  exponent per block of `group_size` (32 by default). A ragged last group along K is padded.
+- Method: round-to-nearest, or GPTQ (Hessian from calibration activations; the default for
+  4-bit formats when calibration data is given); under 2:4 GPTQ keeps the pattern.
+- Weights matching `keep_fp16` (fnmatch on the weight or the MatMul name, e.g. `*lm_head*`,
+  `*attention.output*`) become `DequantizeWeight` in fp16. Embedding tables read only by
+  `Gather` become float16 initializers, with a `Cast` to float32 after the `Gather`.
+- With `activations` ("minmax" / "percentile", W8A8 with int8 weights) a `QuantizeActivation`
+  (8-bit, per tensor, range from calibration) goes in front of each quantized MatMul.
+- Shape-only weights get shape-only packed initializers of the exact stored sizes, so a
+  70B model can be planned in its quantized bytes without loading anything.
+
+Where it goes: after fusions (one fused QKV matrix gets one set of scales) and after
+`sparsify-2to4`; cleanup (dce) after it drops what it replaced.
+Does not handle: weights read by anything but MatMul input 1 (a transposed tied lm_head
+stays float and is noted), Gemm (the importer lowers it to MatMul), convolutions, int4 with
+`activations` (W4A8 is not modelled), and AWQ (not implemented: use gptq).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from aviatorc.errors import OptionError
+from aviatorc.formats import WeightFormat
+from aviatorc.ir import ArrayData, Graph, ShapeOnly, TensorType, add_value
+from aviatorc.passes._weights import (
+    LinearWeight,
+    add_packed_weight,
+    find_linear_weights,
+    target_formats,
+    target_name,
+    tile_depth,
+)
+from aviatorc.passes.manager import Note, Pass, PassContext, PassResult, register_pass
+from aviatorc.quant.calibration import ActivationStats, check_batches, collect_stats
+from aviatorc.quant.gptq import GPTQConfig, gptq_pack
+from aviatorc.quant.rtn import pack_weight
+
+FOUR_BIT = ("int4", "mxint4")
+
+
+def weight_format(options: Any, sparsity: str = "") -> WeightFormat:
+    """The format `options` ask for (int8 ignores group size and symmetry; mx is symmetric)."""
+    kind = options.quant
+    if kind == "int8":
+        return WeightFormat("int8", 0, True, sparsity)
+    if kind.startswith("mx"):
+        return WeightFormat(kind, options.group_size, True, sparsity)
+    return WeightFormat(kind, options.group_size, options.symmetric, sparsity)
+
+
+def quant_method(options: Any, has_calibration: bool) -> str:
+    if options.quant_method is not None:
+        return options.quant_method
+    return "gptq" if options.quant in FOUR_BIT and has_calibration else "rtn"
+
+
+def check_quant_options(options: Any, target: Any, has_calibration: bool) -> None:
+    """OptionErrors for requests the target or the data cannot satisfy."""
+    formats = target_formats(target) if target is not None else None
+    if options.quant and formats is not None and options.quant not in formats:
+        raise OptionError(f"target '{target_name(target)}' does not support {options.quant} weights",
+                          hint=f"it supports {', '.join(formats)}")
+    depth = tile_depth(target) if target is not None else None
+    if options.quant in ("int4", "mxint4", "mxint8") and depth is not None and depth % options.group_size:
+        raise OptionError(f"group size {options.group_size} does not divide the matrix-unit depth {depth} "
+                          f"of target '{target_name(target)}'",
+                          hint="choose a group size that divides it, so no group straddles two tiles")
+    method = quant_method(options, has_calibration)
+    if method == "awq":
+        raise OptionError("quantization method 'awq' is not implemented", hint="use --quant-method gptq")
+    if method == "gptq" and not has_calibration:
+        raise OptionError("quantization method 'gptq' needs calibration data",
+                          hint="pass calibration= (Python) or --calibration FILE.npz (CLI), or use rtn")
+    if options.activations is not None:
+        if options.quant != "int8":
+            raise OptionError(f"activation quantization (W8A8) needs int8 weights, not {options.quant}",
+                              hint="use --quant int8 or drop --activations")
+        if not has_calibration:
+            raise OptionError(f"activation ranges ('{options.activations}') need calibration data",
+                              hint="pass calibration= (Python) or --calibration FILE.npz (CLI)")
+
+
+@register_pass
+class Quantize(Pass):
+    name = "quantize"
+    summary = "weights to int8 / int4 / mxint8 / mxint4 (RTN or GPTQ); embeddings and chosen layers to fp16"
+
+    def requires(self, graph: Graph, ctx: PassContext) -> None:
+        if ctx.options.quant is None:
+            return
+        batches = check_batches(graph, ctx.calibration)
+        check_quant_options(ctx.options, ctx.target, bool(batches))
+
+    def run(self, graph: Graph, ctx: PassContext) -> PassResult:
+        opts = ctx.options
+        if opts.quant is None:
+            return PassResult(False, notes=[Note(graph.name, "no quantization requested")])
+        weights, notes = find_linear_weights(graph)
+        batches = check_batches(graph, ctx.calibration)
+        method = quant_method(opts, bool(batches))
+        keep = [lw for lw in weights if opts.keep_fp16 and lw.matches(opts.keep_fp16)]
+        quantize = [lw for lw in weights if lw not in keep]
+
+        stats: dict[str, ActivationStats] = {}
+        needs_stats = (method == "gptq" or opts.activations) and any(lw.has_data for lw in quantize)
+        if needs_stats:
+            inputs = [mm.input(0).name for lw in quantize for mm in lw.matmuls]
+            ctx.log(f"quantize: calibrating {len(set(inputs))} MatMul input(s) on {len(batches)} batch(es)")
+            stats = collect_stats(graph, batches, inputs, hessian=method == "gptq")
+
+        counts = {"weights_quantized": 0, "weights_kept_fp16": 0, "embeddings_fp16": 0, "activations_quantized": 0}
+        bytes_before = bytes_after = 0
+        for lw in keep:
+            fmt = WeightFormat("fp16", 0, True, lw.fmt.sparsity)
+            bytes_before += lw.fmt.storage_bytes(lw.k, lw.n)
+            packed = pack_weight(lw.dense(), fmt, mask=lw.mask()) if lw.has_data else None
+            add_packed_weight(graph, lw, fmt, packed)
+            bytes_after += fmt.storage_bytes(lw.k, lw.n)
+            counts["weights_kept_fp16"] += 1
+        for lw in quantize:
+            fmt = weight_format(opts, lw.fmt.sparsity)
+            bytes_before += lw.fmt.storage_bytes(lw.k, lw.n)
+            matmuls = list(lw.matmuls)
+            packed = None
+            if lw.has_data:
+                packed = self._quantize_one(lw, fmt, method, stats, ctx)
+            add_packed_weight(graph, lw, fmt, packed)
+            bytes_after += fmt.storage_bytes(lw.k, lw.n)
+            counts["weights_quantized"] += 1
+            if opts.activations:
+                for mm in matmuls:
+                    x = mm.input(0)
+                    if x.name in stats:
+                        self._quantize_activation(graph, mm, stats[x.name], opts.activations)
+                        counts["activations_quantized"] += 1
+        embed_before, embed_after = embeddings_to_fp16(graph, notes)
+        counts["embeddings_fp16"] = len(embed_before)
+        changed = any(counts.values())
+        result_stats: dict[str, Any] = dict(counts, format=weight_format(opts).name, method=method,
+                                            weight_bytes_before=bytes_before + sum(embed_before),
+                                            weight_bytes_after=bytes_after + sum(embed_after))
+        return PassResult(changed, result_stats, notes)
+
+    def _quantize_one(self, lw: LinearWeight, fmt: WeightFormat, method: str,
+                      stats: dict[str, ActivationStats], ctx: PassContext):
+        w, mask = lw.dense(), lw.mask()
+        if method == "gptq":
+            hessian = None
+            for mm in lw.matmuls:  # a shared weight: its inputs' Hessians add up
+                s = stats.get(mm.input(0).name)
+                if s is not None and s.hessian is not None:
+                    hessian = s.hessian if hessian is None else hessian + s.hessian
+            if hessian is not None:
+                return gptq_pack(w, hessian, fmt, mask=mask, config=GPTQConfig())
+        return pack_weight(w, fmt, mask=mask)
+
+    def _quantize_activation(self, graph: Graph, mm: Any, stat: ActivationStats, method: str) -> None:
+        lo, hi = stat.range(method)
+        lo, hi = min(lo, 0.0), max(hi, 0.0)  # zero stays exact (padding, ReLU outputs)
+        scale = max((hi - lo) / 255.0, 1e-12)
+        zero_point = int(np.clip(np.round(-lo / scale) - 128, -128, 127))
+        q = add_value(graph, "QuantizeActivation", [mm.input(0)],
+                      {"scale": float(scale), "zero_point": zero_point, "qmin": -128, "qmax": 127},
+                      name=graph.unique_name(f"{mm.name}.act_quant"), before=mm)
+        mm.set_input(0, q)
+
+
+def embeddings_to_fp16(graph: Graph, notes: list[Note]) -> tuple[list[int], list[int]]:
+    """Float32 tables read only by Gather (axis 0, as data) -> float16 + Cast after each Gather.
+
+    Returns the bytes of each table before and after."""
+    before, after = [], []
+    for value in list(graph.initializers.values()):
+        gathers = [u for u in value.users if u.op == "Gather"]
+        if not gathers or value.type.dtype != "float32" or value.type.rank != 2:
+            continue
+        if len(gathers) != len(value.users) or any(g.inputs[0] is not value or g.attrs.get("axis", 0) != 0
+                                                   for g in gathers):
+            other = next(u for u in value.users if u not in gathers or u.inputs[0] is not value)
+            notes.append(Note(other.name, f"embedding table '{value.name}' is also read by {other.op}: left in fp32"))
+            continue
+        type16 = TensorType("float16", value.type.shape)
+        data = ArrayData(value.data.load().astype(np.float16)) if value.data.available else ShapeOnly("fp16 table")  # type: ignore[union-attr]
+        table16 = graph.add_initializer(graph.unique_name(f"{value.name}.fp16"), type16, data)
+        for gather in gathers:
+            out = gather.outputs[0]
+            new_gather = add_value(graph, "Gather", [table16, gather.input(1)], dict(gather.attrs),
+                                   name=graph.unique_name(f"{gather.name}.fp16"), before=gather)
+            _redirect(graph, out, new_gather)
+            graph.remove_node(gather)
+            # The Cast takes the old output's name: graph outputs keep their names.
+            position = graph.nodes.index(new_gather.producer) + 1
+            after_node = graph.nodes[position] if position < len(graph.nodes) else None
+            cast = add_value(graph, "Cast", [new_gather], {"to": "float32"}, name=graph.unique_name(f"{gather.name}.cast"),
+                             output_names=[out.name], before=after_node)
+            _redirect(graph, new_gather, cast, skip=cast.producer)
+        graph.remove_initializer(value)
+        before.append(value.type.nbytes())
+        after.append(type16.nbytes())
+    return before, after
+
+
+def _redirect(graph: Graph, old: Any, new: Any, skip: Any = None) -> None:
+    """Point every user of `old` (but `skip`) and the graph outputs at `new`."""
+    for user in list(old.users):
+        if user is skip:
+            continue
+        for i, v in enumerate(user.inputs):
+            if v is old:
+                user.set_input(i, new)
+    graph.outputs = [new if v is old else v for v in graph.outputs]

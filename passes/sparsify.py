@@ -1,0 +1,96 @@
+"""sparsify-2to4: two of every four consecutive weights along K become zero, stored compressed.
+
+What it rewrites: `MatMul(x, W)` with W a float [K, N] initializer becomes
+`MatMul(x, DequantizeWeight(values, indices))` in W's float format with sparsity "2:4": the
+kept values [K/2, N] plus a 2-bit position per kept value (exact bytes:
+`WeightFormat("fp32", sparsity="2:4").storage_bytes(K, N)`). `quantize` after it stores the
+kept values in int8 / int4 / mx and keeps the pattern.
+
+Groups of four start at row 0 and K is padded with zeros to a multiple of 4, so every group
+lies inside one matrix-unit tile of the target (its depth must be a multiple of 4; a K
+that is not a multiple of the tile depth leaves a partial last tile, whose groups are still
+whole).
+
+Selection (`sparsity_method`): `magnitude` (largest |w|), `wanda` (largest |w| * ||x_k||
+over the calibration activations), `sparsegpt` (pattern by w^2 / [H^-1]_kk^2 with the kept
+weights updated to compensate, from the calibration Hessian). Weights matching `keep_fp16`
+stay dense.
+
+Where it goes: after fusions, before `quantize` (scales are then computed on kept values).
+Does not handle: weights read by anything but MatMul input 1 (noted), N:M patterns other
+than 2:4, and sparsity along N.
+"""
+
+from __future__ import annotations
+
+from aviatorc.errors import OptionError
+from aviatorc.formats import WeightFormat
+from aviatorc.ir import Graph
+from aviatorc.passes._weights import add_packed_weight, find_linear_weights, target_name, tile_depth
+from aviatorc.passes.manager import Note, Pass, PassContext, PassResult, register_pass
+from aviatorc.quant.calibration import check_batches, collect_stats
+from aviatorc.quant.gptq import GPTQConfig, gptq
+from aviatorc.quant.rtn import pack_weight
+from aviatorc.quant.sparse import magnitude_mask, wanda_mask
+
+
+@register_pass
+class Sparsify2to4(Pass):
+    name = "sparsify-2to4"
+    summary = "2:4 structured sparsity along K (magnitude, Wanda or SparseGPT), stored compressed"
+
+    def requires(self, graph: Graph, ctx: PassContext) -> None:
+        opts = ctx.options
+        if opts.sparsity is None:
+            return
+        depth = tile_depth(ctx.target) if ctx.target is not None else None
+        if depth is not None and depth % 4:
+            raise OptionError(f"2:4 sparsity needs a matrix-unit depth that is a multiple of 4; target "
+                              f"'{target_name(ctx.target)}' has {depth}")
+        batches = check_batches(graph, ctx.calibration)
+        if opts.sparsity_method in ("wanda", "sparsegpt") and not batches:
+            raise OptionError(f"sparsity method '{opts.sparsity_method}' needs calibration data",
+                              hint="pass calibration= (Python) or --calibration FILE.npz (CLI), or use magnitude")
+
+    def run(self, graph: Graph, ctx: PassContext) -> PassResult:
+        opts = ctx.options
+        if opts.sparsity is None:
+            return PassResult(False, notes=[Note(graph.name, "no sparsity requested")])
+        weights, notes = find_linear_weights(graph)
+        todo = []
+        for lw in weights:
+            if lw.source is not None:
+                notes.append(Note(lw.matmuls[0].name, f"weight '{lw.name}' is already stored as {lw.fmt.name}"))
+            elif opts.keep_fp16 and lw.matches(opts.keep_fp16):
+                notes.append(Note(lw.matmuls[0].name, f"weight '{lw.name}' matches keep_fp16: left dense"))
+            else:
+                todo.append(lw)
+        method = opts.sparsity_method
+        stats = {}
+        if method != "magnitude" and any(lw.has_data for lw in todo):
+            batches = check_batches(graph, ctx.calibration)
+            inputs = [mm.input(0).name for lw in todo for mm in lw.matmuls]
+            ctx.log(f"sparsify-2to4: calibrating {len(set(inputs))} MatMul input(s) on {len(batches)} batch(es)")
+            stats = collect_stats(graph, batches, inputs, hessian=method == "sparsegpt")
+
+        bytes_before = bytes_after = 0
+        for lw in todo:
+            fmt = WeightFormat(lw.fmt.kind, 0, True, "2:4")
+            packed = None
+            if lw.has_data:
+                w = lw.dense()
+                mm_stats = [stats[mm.input(0).name] for mm in lw.matmuls if mm.input(0).name in stats]
+                if method == "wanda" and mm_stats:
+                    sq = sum(s.sq_norm for s in mm_stats)
+                    mask = wanda_mask(w, sq**0.5)
+                elif method == "sparsegpt" and mm_stats:
+                    hessian = sum(s.hessian for s in mm_stats)
+                    w, _, _, mask = gptq(w, hessian, None, prune_24=True, config=GPTQConfig())
+                else:
+                    mask = magnitude_mask(w)
+                packed = pack_weight(w, fmt, mask=mask)
+            bytes_before += lw.fmt.storage_bytes(lw.k, lw.n)
+            add_packed_weight(graph, lw, fmt, packed)
+            bytes_after += fmt.storage_bytes(lw.k, lw.n)
+        return PassResult(bool(todo), {"weights_sparsified": len(todo), "method": method,
+                                       "weight_bytes_before": bytes_before, "weight_bytes_after": bytes_after}, notes)
