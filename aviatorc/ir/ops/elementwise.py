@@ -97,7 +97,16 @@ _variadic("Min", np.minimum)
 _variadic("Sum", np.add)
 
 
-@register("Where", inputs=3, infer=broadcast_rule(first=1))
+def _where_rule(ctx: InferContext) -> list[TensorType]:
+    """Where: x and y share an element type; the shape broadcasts all three inputs, cond included."""
+    (value_type,) = broadcast_rule(first=1)(ctx)
+    shape = broadcast_shapes(ctx.type(0).shape, value_type.shape)
+    if shape is None:
+        raise ModelFormatError(f"condition {format_shape(ctx.type(0).shape)} does not broadcast with {format_shape(value_type.shape)}")
+    return [TensorType(value_type.dtype, shape)]
+
+
+@register("Where", inputs=3, infer=_where_rule)
 def where(ins: list[Any], attrs: dict[str, Any]) -> list[np.ndarray]:
     """Where(cond, x, y): x where cond holds, else y."""
     cond, x, y = ins

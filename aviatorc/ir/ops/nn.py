@@ -50,7 +50,7 @@ def matmul(ins: list[Any], attrs: dict[str, Any]) -> list[np.ndarray]:
     a, b = ins
     if a.dtype.kind in "iu":
         return [np.matmul(a.astype(np.int64), b.astype(np.int64)).astype(a.dtype)]
-    return [np.matmul(a, b)]
+    return [np.matmul(a, b).astype(a.dtype, copy=False)]  # numpy computes bfloat16 in float32
 
 
 # -- softmax and normalization -----------------------------------------------------------
@@ -341,7 +341,7 @@ def attention(ins: list[Any], attrs: dict[str, Any]) -> list[np.ndarray]:
     groups = q.shape[1] // k_all.shape[1]
     k_rep = np.repeat(k_all, groups, axis=1) if groups > 1 else k_all
     v_rep = np.repeat(v_all, groups, axis=1) if groups > 1 else v_all
-    scores = np.matmul(q * root, np.swapaxes(k_rep * root, -1, -2))
+    scores = np.matmul(q * root, np.swapaxes(k_rep * root, -1, -2)).astype(dtype, copy=False)
     if attrs["softcap"] > 0:  # before the mask, so masked scores stay -inf
         cap = dtype.type(attrs["softcap"])
         scores = np.tanh(scores / cap) * cap
@@ -357,7 +357,7 @@ def attention(ins: list[Any], attrs: dict[str, Any]) -> list[np.ndarray]:
     probs = np.where(np.isneginf(np.max(bias, axis=-1, keepdims=True)), 0, probs).astype(probs.dtype)
     if attrs["qk_matmul_output_mode"] == 3:
         qk_out = probs
-    y = np.matmul(probs.astype(dtype), v_rep)
+    y = np.matmul(probs.astype(dtype), v_rep).astype(dtype, copy=False)
     if rank3:
         y = y.transpose(0, 2, 1, 3).reshape(y.shape[0], y.shape[2], -1)
     return [y.astype(dtype), k_all, v_all, np.asarray(qk_out).astype(dtype)]

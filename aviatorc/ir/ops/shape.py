@@ -90,9 +90,16 @@ def reshape(ins: list[Any], attrs: dict[str, Any]) -> list[np.ndarray]:
     return [x.reshape(target)]
 
 
+def _flatten_axis(axis: int, rank: int) -> int:
+    """Flatten's axis lies in [-rank, rank]; a negative one counts from rank (-1 is rank - 1)."""
+    if not -rank <= axis <= rank:
+        raise ModelFormatError(f"axis {axis} is out of range for rank {rank}")
+    return axis + rank if axis < 0 else axis
+
+
 def _flatten_rule(ctx: InferContext) -> list[TensorType]:
     x = ctx.type(0)
-    axis = normalize_axis(ctx.attrs["axis"], x.rank + 1)
+    axis = _flatten_axis(ctx.attrs["axis"], x.rank)
     def prod(dims: tuple[Dim, ...]) -> Dim:
         return math.prod(dims) if all(isinstance(d, int) for d in dims) else (dims[0] if len(dims) == 1 else None)  # type: ignore[arg-type]
     return [TensorType(x.dtype, (prod(x.shape[:axis]), prod(x.shape[axis:])))]
@@ -102,7 +109,7 @@ def _flatten_rule(ctx: InferContext) -> list[TensorType]:
 def flatten(ins: list[Any], attrs: dict[str, Any]) -> list[np.ndarray]:
     """Flatten(x) to 2-D at `axis`."""
     x = ins[0]
-    axis = normalize_axis(attrs["axis"], x.ndim + 1)
+    axis = _flatten_axis(attrs["axis"], x.ndim)
     return [x.reshape(math.prod(x.shape[:axis]), -1) if x.size else x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))]
 
 
