@@ -40,11 +40,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from aviatorc.passes.manager import Note, Pass, PassContext, PassResult, register_pass
 
 from aviatorc.formats import WeightFormat, dense_format
 from aviatorc.ir import ArrayData, Graph, Node, ShapeOnly, TensorData, TensorType, Value, add_op, add_value
 from aviatorc.options import CompileOptions
-from aviatorc.passes.manager import Note, Pass, PassContext, PassResult, register_pass
 
 ROLES = ("q", "k", "v")
 
@@ -357,18 +357,14 @@ def _check_fits(group: Group, ctx: PassContext) -> Note | None:
 
 
 def largest_chiplet_sram_bytes(target: Any) -> int | None:
-    """The usable SRAM bytes of the target's largest chiplet; None without a target."""
+    """SRAM bytes the target's largest chiplet can give to weights; None without a target.
+
+    An `aviatorc.target.Target` has identical chiplets, and part of each chiplet's SRAM is
+    reserved for activations and the KV cache, so only the usable part counts.
+    """
     if target is None:
         return None
-    for attr in ("largest_chiplet_sram_bytes", "max_chiplet_sram_bytes", "chiplet_sram_bytes"):
-        value = getattr(target, attr, None)
-        value = value() if callable(value) else value
-        if value is not None:
-            return int(value)
-    chiplets = getattr(target, "chiplets", None)
-    if chiplets:
-        return max(int(getattr(c, "usable_sram_bytes", None) or c.sram_bytes) for c in chiplets)
-    return None
+    return int(target.usable_sram_bytes_per_chiplet)
 
 
 def storage_format(dtype: str, options: CompileOptions) -> WeightFormat:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+from aviatorc.passes.manager import PassContext, get_pass, run_passes
 
 from aviatorc.ir import Graph, evaluate, parse_graph, print_graph
-from aviatorc.passes.manager import PassContext, get_pass, run_passes
 
 
 def run(name: str, graph: Graph):

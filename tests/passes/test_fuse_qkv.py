@@ -10,13 +10,25 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-
-from aviatorc.ir import ArrayData, FileRegion, Graph, ShapeOnly, TensorType, Value, add_value, evaluate, parse_graph
-from aviatorc.ir import print_graph, verify
-from aviatorc.ir.ops import OPS
-from aviatorc.options import CompileOptions
 from aviatorc.passes.fuse_qkv import ConcatData, check, find, largest_chiplet_sram_bytes, storage_format
 from aviatorc.passes.manager import PassContext, get_pass, run_passes
+
+from aviatorc.ir import (
+    ArrayData,
+    FileRegion,
+    Graph,
+    ShapeOnly,
+    TensorType,
+    Value,
+    add_value,
+    evaluate,
+    parse_graph,
+    print_graph,
+    verify,
+)
+from aviatorc.ir.ops import OPS
+from aviatorc.options import CompileOptions
+from aviatorc.target import load_target
 
 TOLERANCE = 1e-5  # one extra fp32 rounding per output at most: the fused MatMul reorders nothing else
 
@@ -157,7 +169,7 @@ def attention_block(cfg: Attn, seed: int = 0, *, graph: Graph | None = None, x: 
         return add_value(g, "Transpose", [shaped], {"perm": (0, 2, 1, 3)}, name=f"l{layer}_{role}_heads")
 
     outs = {}
-    for i, role, n, has_bias in zip(range(3), "qkv", (cfg.heads, cfg.kv_heads, cfg.kv_heads), cfg.bias):
+    for i, role, n, has_bias in zip(range(3), "qkv", (cfg.heads, cfg.kv_heads, cfg.kv_heads), cfg.bias, strict=True):
         width = n * cfg.head_dim
         tag = role if cfg.names else f"p{i}"  # anonymous: no q/k/v in any name, only structure
         y = add_value(g, "MatMul", [x, weight(f"{role}_proj.weight", (cfg.hidden, width))], name=f"l{layer}_{tag}_mm")
@@ -354,33 +366,27 @@ def test_weights_with_different_dtypes_are_refused_by_check():
     assert note.message == "weights have different dtypes (q float32, k float32, v float16)"
 
 
-class FakeTarget:
-    name = "tiny"
-    largest_chiplet_sram_bytes = 1000
+def wide_projections() -> Graph:
+    """BEFORE at hidden 256: the fused [256, 1024] fp32 weight is 1 MiB, over the mock
+    target's 768 KiB of usable SRAM per chiplet (1 MiB less a quarter reserved)."""
+    text = (BEFORE.replace("8, 16]", "256, 512]").replace("8, 8]", "256, 256]").replace("[2, 3, 8]", "[2, 3, 256]")
+            .replace("[2, 3, 16]", "[2, 3, 512]"))
+    return parse_graph(text)
 
 
 def test_fused_weight_larger_than_any_chiplet_is_refused():
-    graph = parse_graph(BEFORE)  # fused [8, 32] fp32 = 1024 bytes > 1000
-    assert_refused(graph, "q_mm", "fused weight of 1024 bytes (fp32, [8, 32]) exceeds the largest chiplet SRAM "
-                                  "of 1000 bytes on target tiny", PassContext(target=FakeTarget()))
+    target = load_target("mock")
+    assert largest_chiplet_sram_bytes(target) == 786432
+    assert_refused(wide_projections(), "q_mm", "fused weight of 1048576 bytes (fp32, [256, 1024]) exceeds the "
+                                               "largest chiplet SRAM of 786432 bytes on target mock",
+                   PassContext(target=target))
 
 
 def test_fused_weight_is_sized_in_the_format_quantize_will_store():
-    graph = parse_graph(BEFORE)  # int8: 8 * 32 + 32 fp16 scales = 320 bytes: fits
-    ctx = PassContext(options=CompileOptions(quant="int8"), target=FakeTarget())
-    assert run_fuse(graph, ctx).stats["groups_fused"] == 1
+    # int8: 256 * 1024 bytes + 1024 fp16 scales = 264192 bytes: fits the mock chiplet.
+    ctx = PassContext(options=CompileOptions(quant="int8"), target=load_target("mock"))
+    assert run_fuse(wide_projections(), ctx).stats["groups_fused"] == 1
     assert storage_format("float32", CompileOptions(quant="int4", sparsity="2:4")).name == "int4-g32-sp24"
-
-
-def test_chiplet_sram_read_from_a_list_of_chiplets():
-    class Chiplet:
-        def __init__(self, sram_bytes):
-            self.sram_bytes = sram_bytes
-
-    class Target:
-        chiplets = [Chiplet(10), Chiplet(30)]
-
-    assert largest_chiplet_sram_bytes(Target()) == 30
     assert largest_chiplet_sram_bytes(None) is None
 
 

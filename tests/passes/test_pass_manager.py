@@ -6,13 +6,22 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from aviatorc.passes.manager import (
+    PASSES,
+    Note,
+    Pass,
+    PassContext,
+    PassResult,
+    get_pass,
+    list_passes,
+    register_pass,
+    run_passes,
+)
+from aviatorc.passes.pipeline import CLEANUP, build_pipeline, pipeline_names
 
 from aviatorc.errors import InfeasibleError, OptionError, PassError
 from aviatorc.ir import Graph, parse_graph
 from aviatorc.options import CompileOptions
-from aviatorc.passes.manager import PASSES, Note, Pass, PassContext, PassResult, get_pass, list_passes, register_pass
-from aviatorc.passes.manager import run_passes
-from aviatorc.passes.pipeline import CLEANUP, build_pipeline, pipeline_names
 
 GRAPH = """
 graph "g" {
