@@ -1,0 +1,136 @@
+"""Hugging Face `config.json` -> IR, shape-only, through a model built on the meta device.
+
+The model is constructed with `transformers` under `torch.device("meta")` (no weight bytes
+are allocated), exported with `torch.export` on meta `input_ids`, and imported shape-only:
+a 70B-parameter model is planned in about half a gigabyte of memory.
+
+Batch and sequence length are symbolic by default (`torch.export.Dim("batch")`,
+`Dim("seq")`, which torch.export handles on the meta device); pass ints for static sizes.
+The architecture is the config's `architectures[0]` when `transformers` has that class,
+else `AutoModelForCausalLM`, else `AutoModel` (encoders such as BERT).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aviatorc.errors import ModelFormatError, OptionError
+
+if TYPE_CHECKING:
+    import torch
+
+    from aviatorc.ir import Graph
+
+# Example sizes for symbolic dims: distinct from each other and from every static dim
+# a model is likely to have, so torch.export does not unify them (sizes 0 and 1 are
+# specialized by torch.export, so neither may be 1).
+EXAMPLE_BATCH = 2
+EXAMPLE_SEQ = 7
+
+
+def load_config(path: str | Path) -> tuple[Path, dict[str, Any]]:
+    """The config.json path (a folder may be given) and its parsed contents."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ModelFormatError(f"cannot read the config: {error.strerror}", file=str(path)) from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ModelFormatError(f"config is not valid JSON: {error.msg} (line {error.lineno})", file=str(path)) from None
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise ModelFormatError("config has no 'model_type'", file=str(path),
+                               hint="pass a Hugging Face config.json (it names its model_type)")
+    return path, config
+
+
+def build_meta_model(config: dict[str, Any], *, on_meta: bool = True, seed: int = 0) -> torch.nn.Module:
+    """The `transformers` model for `config`, on the meta device (no weights) unless `on_meta` is False."""
+    import torch
+    import transformers
+
+    fields = {k: v for k, v in config.items() if k not in ("model_type", "transformers_version")}
+    try:
+        cfg = transformers.AutoConfig.for_model(config["model_type"], **fields)
+    except (ValueError, KeyError) as error:
+        raise ModelFormatError(f"transformers does not know model_type '{config['model_type']}': {error}") from None
+    cfg._attn_implementation = "sdpa"  # one aten.scaled_dot_product_attention per layer
+    model_class = _model_class(config)
+    context = torch.device("meta") if on_meta else _seeded(seed)
+    with context:
+        if model_class is not None:
+            model = model_class(cfg)
+        else:
+            try:
+                model = transformers.AutoModelForCausalLM.from_config(cfg)
+            except ValueError:
+                model = transformers.AutoModel.from_config(cfg)
+    return model.eval()
+
+
+def _seeded(seed: int) -> Any:
+    import contextlib
+
+    import torch
+
+    torch.manual_seed(seed)
+    return contextlib.nullcontext()
+
+
+def _model_class(config: dict[str, Any]) -> Any:
+    import transformers
+
+    for name in config.get("architectures") or []:
+        cls = getattr(transformers, name, None)
+        if cls is not None:
+            return cls
+    return None
+
+
+def import_hf_config(path: str | Path, *, shape_only: bool = True, seq_len: int | str = "seq",
+                     batch: int | str = "batch", max_seq_len: int | None = None) -> Graph:
+    """Import `config.json` (or a folder holding one) as a graph over `input_ids` [batch, seq].
+
+    seq_len / batch: an int for a static size, a str to name a symbolic dim.
+    shape_only=False builds the model with seeded random weights on the CPU instead (for
+    small configs: tests that run the graph).
+    """
+    import torch
+
+    from aviatorc.frontends.torch import import_program
+    from aviatorc.frontends.torch import exporter
+
+    path, config = load_config(path)
+    for label, size in (("batch", batch), ("seq_len", seq_len)):
+        if not isinstance(size, (int, str)) or isinstance(size, bool) or (isinstance(size, int) and size < 1):
+            raise OptionError(f"{label} must be a positive int or a dim name, got {size!r}")
+    model = build_meta_model(config, on_meta=shape_only)
+    device = "meta" if shape_only else "cpu"
+    batch_n = batch if isinstance(batch, int) else EXAMPLE_BATCH
+    seq_n = seq_len if isinstance(seq_len, int) else EXAMPLE_SEQ
+    input_ids = torch.zeros((batch_n, seq_n), dtype=torch.int64, device=device)
+    kwargs: dict[str, Any] = {"input_ids": input_ids, "use_cache": False}
+    dims: dict[int, Any] = {}
+    if isinstance(batch, str):
+        dims[0] = torch.export.Dim(batch)
+    if isinstance(seq_len, str):
+        limit = max_seq_len or config.get("max_position_embeddings") or config.get("n_positions")
+        dims[1] = torch.export.Dim(seq_len, max=int(limit)) if limit else torch.export.Dim(seq_len)
+    dynamic = {"input_ids": dims or None, "use_cache": None} if dims else None
+    try:
+        ep = exporter.export(model, (), kwargs, dynamic_shapes=dynamic)
+    except Exception as error:
+        raise error.with_file(str(path)) if hasattr(error, "with_file") else error
+    names = exporter.symbol_names(model, ep, (), dynamic)
+    try:
+        graph = import_program(ep, shape_only=shape_only, symbol_names=names, name=type(model).__name__)
+    except Exception as error:
+        raise error.with_file(str(path)) if hasattr(error, "with_file") else error
+    graph.metadata["source"] = path.name
+    graph.metadata["architecture"] = type(model).__name__
+    return graph
