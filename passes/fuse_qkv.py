@@ -107,6 +107,7 @@ class Group:
     k: Projection
     v: Projection
     found_by: str  # "names" or "structure"
+    index: int = 0  # position among the graph's groups, in graph order: names anonymous groups
 
     @property
     def projections(self) -> tuple[Projection, Projection, Projection]:
@@ -126,6 +127,8 @@ def find(graph: Graph) -> tuple[list[Group], list[Note]]:
     groups += structural
     order = {id(node): i for i, node in enumerate(graph.nodes)}
     groups.sort(key=lambda g: min(order[id(p.matmul)] for p in g.projections))
+    for index, group in enumerate(groups):
+        group.index = index
     return groups, notes
 
 
@@ -406,7 +409,8 @@ def concat_data(values: list[Value], axis: int) -> TensorData:
 
 
 def fused_base_name(group: Group) -> str:
-    """What the fused projection is called: `layers.0.attn.q_proj.weight` -> `layers.0.attn.qkv_proj`.
+    """What the fused projection is called: `layers.0.attn.q_proj.weight` -> `layers.0.attn.qkv_proj`,
+    or `attn.3.qkv_proj` for the fourth group when no name says q.
 
     The fused weight and bias are this name plus `.weight` and `.bias`.
     """
@@ -414,7 +418,9 @@ def fused_base_name(group: Group) -> str:
         found = _role_in_name(name)
         if found is not None and found[0] == "q":
             return re.sub(r"[._](weight|bias)$", "", found[2])
-    return f"{group.q.matmul.name}.qkv_proj"
+    # No parameter names (the ONNX exporter drops them for transposed weights): say which
+    # attention block it is, counted in graph order.
+    return f"attn.{group.index}.qkv_proj"
 
 
 def rewrite(graph: Graph, group: Group) -> Node:

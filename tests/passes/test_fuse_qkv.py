@@ -230,6 +230,8 @@ def test_attention_block_fuses_exactly(names, bias, kv_heads):
     if names:
         assert "model.layers.0.self_attn.qkv_proj.weight" in graph.initializers
         assert ("model.layers.0.self_attn.qkv_proj.bias" in graph.initializers) == bias
+    else:
+        assert "attn.0.qkv_proj.weight" in graph.initializers
     assert not any("q_proj" in name or "k_proj" in name for name in graph.initializers)  # old weights dropped
 
 
