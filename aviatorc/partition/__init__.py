@@ -1,1 +1,115 @@
-"""."""
+"""The partitioner: weight tiles onto chiplet SRAM, resident or streamed from LPDDR.
+
+    placement = partition(weights_from_graph(graph), load_target("corsair", cards=4), time_limit_s=30)
+
+Stages: explain infeasible requests (before any solving), tile the weights to the matrix
+units, cost the tiles on the target, place layer by layer (greedy, then CP-SAT hinted with
+it, with templates for identical layers), keep the better of that and the pure greedy run,
+check the result independently, and compute the gap to a problem-specific lower bound.
+See docs/partition.md.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from aviatorc.partition.bound import lower_bound
+from aviatorc.partition.check import PlacementCheckError, check_placement
+from aviatorc.partition.cpsat import solve_layer
+from aviatorc.partition.decompose import place_layers
+from aviatorc.partition.feasibility import explain_infeasible
+from aviatorc.partition.placement import LayerSolve, Placement
+from aviatorc.partition.problem import Problem, build_problem, layer_costs
+from aviatorc.partition.tiling import Tile, WeightSpec, tile_weights
+from aviatorc.target import Target
+
+__all__ = ["LayerSolve", "Placement", "PlacementCheckError", "Problem", "Tile", "WeightSpec", "make_problem",
+           "partition"]
+
+
+def make_problem(weights: list[WeightSpec], target: Target, *, batch_tokens: int = 1,
+                 tiles_per_weight: int | None = None) -> Problem:
+    """Tile `weights` for `target` and cost the tiles.
+
+    Each weight is cut into `tiles_per_weight` strips (default: one per chiplet, so a layer can
+    spread over the whole machine), more where a strip would exceed half a chiplet's SRAM.
+    """
+    parts = tiles_per_weight or target.num_chiplets
+    tiles = tile_weights(weights, target.matrix_unit_k, target.matrix_unit_n, parts,
+                         max_tile_bytes=max(1, target.usable_sram_bytes_per_chiplet // 2))
+    vocab_rows = {w.name: w.k for w in weights if w.is_embedding}
+    return build_problem(tiles, target, batch_tokens=batch_tokens, vocab_rows=vocab_rows)
+
+
+def partition(weights: list[WeightSpec], target: Target, *, time_limit_s: float = 30.0, seed: int = 0,
+              batch_tokens: int = 1, streaming: bool = True, tiles_per_weight: int | None = None,
+              check: bool = True, deterministic: bool = True) -> Placement:
+    """Place every weight tile on `target`: resident on a chiplet or (with `streaming`) streamed.
+
+    `time_limit_s` is split into deterministic time budgets for the layer solves (so the same
+    input gives the same placement; `deterministic=False` trades that for CP-SAT's racing
+    portfolio); layers still unsolved when it has passed keep their greedy
+    or template placement.
+    """
+    started = time.monotonic()
+    explain_infeasible(weights, target, streaming=streaming)
+    problem = make_problem(weights, target, batch_tokens=batch_tokens, tiles_per_weight=tiles_per_weight)
+    per_solve = max(0.2, time_limit_s / 10)
+
+    def solver(prob: Problem, tiles: list[int], free: list[int], hint: list[int]) -> tuple[list[int] | None, str]:
+        result = solve_layer(prob, tiles, free, hint, seed=seed, deterministic_time=per_solve,
+                             wall_limit_s=max(5.0, 3 * per_solve), deterministic=deterministic)
+        return result.where, result.status
+
+    greedy = place_layers(problem, None)
+    solved = place_layers(problem, solver, deadline_s=time_limit_s)
+    best = solved if solved.cost_ps < greedy.cost_ps else greedy
+    if best is solved and solved.statuses and any(m.startswith("cpsat") for m in (s.method for s in solved.solves)):
+        status = "optimal" if all(s == "optimal" for s in solved.statuses) else "feasible"
+    else:
+        status = "greedy"
+    if not streaming and any(w >= target.num_chiplets for w in best.where):
+        from aviatorc.errors import InfeasibleError
+
+        raise InfeasibleError("the weights fit in SRAM in total but not tile by tile without streaming",
+                              file=target.source, hint="enable streaming, or use a finer tiling or more cards")
+    placement = _assemble(problem, best.where, best.cost_ps, greedy.cost_ps, status, best.solves, seed,
+                          time.monotonic() - started)
+    if check:
+        check_placement(placement, weights, target, batch_tokens=batch_tokens)
+    return placement
+
+
+def _assemble(problem: Problem, where: list[int], cost: int, greedy_cost: int, status: str,
+              solves: list[LayerSolve], seed: int, elapsed: float) -> Placement:
+    target = problem.target
+    num_c = problem.num_chiplets
+    held = [0] * num_c
+    resident = streamed = streamed_read = 0
+    holders: dict[int, set[int]] = {}
+    for t, w in enumerate(where):
+        if w < num_c:
+            held[w] += problem.tile_bytes[t]
+            resident += problem.tile_bytes[t]
+            holders.setdefault(problem.group_of[t], set()).add(w)
+        else:
+            streamed += problem.tile_bytes[t]
+            streamed_read += problem.read_bytes[t]
+    cut = [0, 0, 0]
+    for g, chips in holders.items():
+        packages = {target.package_of(c) for c in chips}
+        cards = {target.card_of(c) for c in chips}
+        for level, count in enumerate((len(chips) - len(packages), len(packages) - len(cards), len(cards) - 1)):
+            cut[level] += count * problem.group_act_bytes[g]
+    bound = lower_bound(problem)
+    placement = Placement(
+        target_name=target.name, num_chiplets=num_c, num_cards=problem.num_cards, tiles=problem.tiles,
+        where=tuple(where), status=status, objective_ps=cost, greedy_objective_ps=greedy_cost,
+        bound_ps=bound.value_ps, solve_time_s=elapsed, chiplet_bytes=tuple(held),
+        chiplet_capacity_bytes=problem.capacity_bytes, chiplet_sram_bytes=target.chiplet.sram_bytes,
+        resident_bytes=resident, streamed_bytes=streamed, streamed_read_bytes_per_step=streamed_read,
+        min_streamed_read_bytes=bound.min_streamed_bytes, layer_costs=tuple(layer_costs(problem, where)),
+        cut_bytes_by_level=tuple(zip((link.name for link in target.links), cut)), solves=tuple(solves),
+        seed=seed, batch_tokens=problem.batch_tokens)
+    return replace(placement, solve_time_s=round(elapsed, 3))

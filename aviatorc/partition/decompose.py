@@ -1,0 +1,126 @@
+"""Layer by layer, with templates: how the partitioner scales to 70B-parameter models.
+
+A monolithic CP-SAT model of every tile on every chiplet does not scale (DESIGN.md:
+presolve alone ate the budget at 0.4M booleans). Instead layers are placed one at a time,
+each given the SRAM the layers before it left free:
+
+1. Order: layers that save the most streaming per resident byte go first (linear layers
+   all save one byte per byte; an embedding only the rows a token looks up, so it goes last
+   and is the first to be streamed), then by layer index.
+2. Templates: layers with the same signature (roles, shapes, formats, in order) reuse the
+   last placement solved for that signature while it still fits; a 70B model with 80
+   identical blocks is solved a handful of times (where SRAM runs out, and once streamed).
+3. Each solve: the greedy layer placement, then CP-SAT hinted with it; the better is kept,
+   so a layer is never worse than its greedy placement.
+
+The pure greedy run (same order, same templates, no CP-SAT) is the baseline the result is
+compared with, and the final answer is never worse than it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aviatorc.partition.greedy import greedy_layer
+from aviatorc.partition.placement import LayerSolve
+from aviatorc.partition.problem import Problem, total_cost
+
+Solver = Callable[[Problem, list[int], list[int], list[int]], tuple[list[int] | None, str]]
+
+
+@dataclass(frozen=True)
+class Decomposed:
+    where: list[int]
+    cost_ps: int
+    solves: list[LayerSolve]
+    statuses: list[str]  # CP-SAT statuses of the solves that ran
+
+
+def layer_units(problem: Problem) -> list[list[int]]:
+    """Tile indices per layer, in placement order."""
+    by_layer: dict[int, list[int]] = {}
+    for t, tile in enumerate(problem.tiles):
+        by_layer.setdefault(tile.layer, []).append(t)
+
+    def density(tiles: list[int]) -> float:
+        return sum(problem.read_bytes[t] for t in tiles) / max(1, sum(problem.tile_bytes[t] for t in tiles))
+
+    return [by_layer[layer] for layer in sorted(by_layer, key=lambda layer: (-density(by_layer[layer]), layer))]
+
+
+def signature(problem: Problem, tiles: list[int]) -> tuple:
+    groups: dict[int, int] = {}
+    parts = []
+    for t in tiles:
+        tile = problem.tiles[t]
+        g = groups.setdefault(problem.group_of[t], len(groups))
+        parts.append((tile.role, tile.k, tile.n, tile.format.name, g, problem.edge_ps[problem.group_of[t]]))
+    return tuple(parts)
+
+
+def place_layers(problem: Problem, solver: Solver | None, *, deadline_s: float | None = None) -> Decomposed:
+    """Place every layer in order; `solver` improves on greedy, None gives the pure greedy run."""
+    start = time.monotonic()
+    num_c = problem.num_chiplets
+    free = [problem.capacity_bytes] * num_c
+    where = [-1] * len(problem.tiles)
+    templates: dict[tuple, list[int]] = {}  # signature -> relative placement (one entry per tile)
+    solves: list[LayerSolve] = []
+    statuses: list[str] = []
+    for tiles in layer_units(problem):
+        layer = problem.tiles[tiles[0]].layer
+        sig = signature(problem, tiles)
+        relative = templates.get(sig)
+        if relative is not None and _fits(problem, tiles, relative, free):
+            chosen = {t: r for t, r in zip(tiles, relative)}
+            cost = total_cost(problem, _as_where(problem, chosen), tiles)
+            solves.append(LayerSolve(layer, "template", cost, cost))
+        else:
+            hint = greedy_layer(problem, tiles, free)
+            greedy_cost = total_cost(problem, hint, tiles)
+            chosen = {t: hint[t] for t in tiles}
+            cost, method = greedy_cost, "greedy"
+            out_of_time = deadline_s is not None and time.monotonic() - start > deadline_s
+            if solver is not None and not out_of_time and not _surely_optimal(problem, tiles, hint, greedy_cost, free):
+                found, status = solver(problem, tiles, free, hint)
+                statuses.append(status)
+                if found is not None:
+                    found_cost = total_cost(problem, found, tiles)
+                    if found_cost < greedy_cost:
+                        chosen = {t: found[t] for t in tiles}
+                        cost, method = found_cost, f"cpsat-{status}"
+            solves.append(LayerSolve(layer, method, cost, greedy_cost))
+            templates[sig] = [chosen[t] for t in tiles]
+        for t in tiles:
+            where[t] = chosen[t]
+            if chosen[t] < num_c:
+                free[chosen[t]] -= problem.tile_bytes[t]
+    return Decomposed(where, total_cost(problem, where), solves, statuses)
+
+
+def _as_where(problem: Problem, chosen: dict[int, int]) -> list[int]:
+    where = [-1] * len(problem.tiles)
+    for t, w in chosen.items():
+        where[t] = w
+    return where
+
+
+def _fits(problem: Problem, tiles: list[int], relative: list[int], free: list[int]) -> bool:
+    need = [0] * problem.num_chiplets
+    for t, w in zip(tiles, relative):
+        if w < problem.num_chiplets:
+            need[w] += problem.tile_bytes[t]
+    return all(n <= f for n, f in zip(need, free))
+
+
+def _surely_optimal(problem: Problem, tiles: list[int], hint: list[int], cost: int, free: list[int]) -> bool:
+    """Skip the solver where nothing can beat the greedy layer: everything must stream (no chiplet
+    has room for any tile) and the streams are already as even as the largest tile allows."""
+    smallest = min(problem.tile_bytes[t] for t in tiles)
+    if any(f >= smallest for f in free):
+        return False
+    total = sum(problem.stream_ps[t] for t in tiles)
+    floor = max(-(-total // problem.num_cards), max(problem.stream_ps[t] for t in tiles))
+    return cost <= floor
