@@ -7,12 +7,17 @@ module imports no pass directly: passes live one per file and register themselve
 
 from __future__ import annotations
 
-from aviatorc.options import CompileOptions
 from aviatorc.passes.manager import Pass, get_pass
+
+from aviatorc.options import CompileOptions
 
 # Identities first so that folding and fusion see producers and users directly; folding
 # before dce because folding strands the constants it replaced.
 CLEANUP: tuple[str, ...] = ("eliminate-identity", "fold-constants", "dce")
+# After the rewrites there is nothing new to fold, and folding would be wrong: a
+# DequantizeWeight of a small weight has only constant inputs, and folding it would turn
+# the quantized weight back into a float constant. Only the stranded weights need removing.
+FINAL_CLEANUP: tuple[str, ...] = ("eliminate-identity", "dce")
 
 
 def pipeline_names(options: CompileOptions) -> list[str]:
@@ -31,7 +36,7 @@ def pipeline_names(options: CompileOptions) -> list[str]:
         names.append("sparsify-2to4")
     if options.quant:
         names.append("quantize")
-    names += CLEANUP  # rewrites above leave the old weights and constants unused
+    names += FINAL_CLEANUP  # rewrites above leave the old weights unused
     return names
 
 

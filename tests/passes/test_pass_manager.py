@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 from aviatorc.passes.manager import (
     PASSES,
@@ -17,10 +18,10 @@ from aviatorc.passes.manager import (
     register_pass,
     run_passes,
 )
-from aviatorc.passes.pipeline import CLEANUP, build_pipeline, pipeline_names
+from aviatorc.passes.pipeline import CLEANUP, FINAL_CLEANUP, build_pipeline, pipeline_names
 
 from aviatorc.errors import InfeasibleError, OptionError, PassError
-from aviatorc.ir import Graph, parse_graph
+from aviatorc.ir import ArrayData, Graph, parse_graph
 from aviatorc.options import CompileOptions
 
 GRAPH = """
@@ -133,14 +134,36 @@ def test_print_ir_after_change_prints_only_after_a_change():
 
 
 def test_default_pipeline_is_cleanup_fusion_cleanup():
-    assert pipeline_names(CompileOptions()) == [*CLEANUP, "fuse-qkv", *CLEANUP]
-    assert pipeline_names(CompileOptions(fuse_qkv=False)) == [*CLEANUP, *CLEANUP]
-    assert [p.name for p in build_pipeline(CompileOptions())] == [*CLEANUP, "fuse-qkv", *CLEANUP]
+    assert pipeline_names(CompileOptions()) == [*CLEANUP, "fuse-qkv", *FINAL_CLEANUP]
+    assert pipeline_names(CompileOptions(fuse_qkv=False)) == [*CLEANUP, *FINAL_CLEANUP]
+    assert [p.name for p in build_pipeline(CompileOptions())] == [*CLEANUP, "fuse-qkv", *FINAL_CLEANUP]
 
 
 def test_sparsify_runs_before_quantize():
-    names = pipeline_names(CompileOptions(quant="int4", sparsity="2:4"))
-    assert names == [*CLEANUP, "fuse-qkv", "sparsify-2to4", "quantize", *CLEANUP]
+    options = CompileOptions(quant="int4", sparsity="2:4")
+    expected = [*CLEANUP, "fuse-qkv", "sparsify-2to4", "quantize", *FINAL_CLEANUP]
+    assert pipeline_names(options) == expected
+    assert [p.name for p in build_pipeline(options)] == expected
+
+
+QUANTIZABLE = """
+graph "g" {
+  input %x: float32[2, 64]
+  weight %w: float32[64, 64]
+  %y: float32[2, 64] = MatMul(%x, %w) @mm
+  output %y
+}
+"""
+
+
+def test_cleanup_after_quantize_keeps_small_weights_quantized():
+    # A 64x64 weight is small enough for fold-constants to fold its DequantizeWeight back into
+    # a float constant: the cleanup after the rewrites must not fold.
+    graph = parse_graph(QUANTIZABLE)
+    graph.initializers["w"].data = ArrayData(np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32))
+    options = CompileOptions(quant="int8")
+    run_passes(graph, build_pipeline(options), PassContext(options=options))
+    assert graph.op_census().get("DequantizeWeight") == 1
 
 
 def test_explicit_passes_override_the_options():
