@@ -87,7 +87,7 @@ def _objective(placement: Any, specs: dict[str, WeightSpec], target: Target, bat
         k, n = tile.k_stop - tile.k_start, tile.n_stop - tile.n_start
         nbytes = spec.format.storage_bytes(k, n)
         if spec.is_embedding:
-            read = -(-nbytes * min(spec.k, batch_tokens * k) // spec.k) if batch_tokens * k < spec.k else nbytes
+            read = min(nbytes, -(-nbytes * batch_tokens // spec.k))  # a token reads one of spec.k rows
             flops, a = 0.0, n * target.activation_bytes_per_element * batch_tokens
         else:
             read, flops, a = nbytes, 2.0 * k * n * batch_tokens, k * target.activation_bytes_per_element * batch_tokens

@@ -67,9 +67,9 @@ def build_problem(tiles: Sequence[Tile], target: Target, *, batch_tokens: int = 
         nbytes = tile.storage_bytes
         if tile.is_embedding:
             rows = vocab_rows.get(tile.weight, tile.k_stop)
-            # Expected bytes read: each of the batch's tokens hits this row range with probability k / rows.
-            hits = batch_tokens * tile.k
-            per_step = nbytes if hits >= rows else -(-nbytes * hits // rows)
+            # Expected bytes read: each of the batch's tokens reads one row, in this tile with
+            # probability k / rows, so batch * (nbytes / k) * (k / rows) = batch * nbytes / rows.
+            per_step = min(nbytes, -(-nbytes * batch_tokens // rows))
             flops = 0.0
             act = tile.n * target.activation_bytes_per_element * batch_tokens
         else:
