@@ -78,9 +78,9 @@ def case_op(name: str, op_names: list[str], model: Any) -> str:
 
 def exclusion(model: Any) -> str:
     """Why a selected case is out of scope, or '' when it counts."""
-    from aviatorc.frontends.onnx import ONNX_DTYPES
-
     import onnx
+
+    from aviatorc.frontends.onnx import ONNX_DTYPES
 
     def tensor_reason(type_proto: Any, what: str) -> str:
         kind = type_proto.WhichOneof("value")
@@ -159,10 +159,10 @@ def run_case(case: Any, folder: Path) -> str:
         initializers = {t.name for t in case.model.graph.initializer}
         input_names = [i.name for i in case.model.graph.input if i.name not in initializers]
         for inputs, expected in case.data_sets:
-            feeds = dict(zip(input_names, (as_array(x) for x in inputs)))
+            feeds = dict(zip(input_names, (as_array(x) for x in inputs), strict=False))
             with np.errstate(all="ignore"):
                 outputs = evaluate(graph, feeds)
-            for out_proto, want in zip(case.model.graph.output, expected):
+            for out_proto, want in zip(case.model.graph.output, expected, strict=False):
                 reason = compare(outputs[out_proto.name], as_array(want), rtol, atol)
                 if reason:
                     return f"output '{out_proto.name}': {reason}"
@@ -201,11 +201,13 @@ def run_conformance(name_filter: str = "", verbose: bool = False) -> tuple[Summa
             results.append(CaseResult(case.name, op, "fail" if failure else "pass", failure))
             if verbose and failure:
                 print(f"FAIL {case.name}: {failure}", file=sys.stderr)
-    summary = Summary(selected=sum(r.status != "excluded" for r in results),
-                      passed=sum(r.status == "pass" for r in results),
-                      excluded=[r for r in results if r.status == "excluded"],
-                      failed=[r for r in results if r.status == "fail"],
-                      not_selected=not_selected)
+    summary = Summary(
+        selected=sum(r.status != "excluded" for r in results),
+        passed=sum(r.status == "pass" for r in results),
+        excluded=[r for r in results if r.status == "excluded"],
+        failed=[r for r in results if r.status == "fail"],
+        not_selected=not_selected,
+    )
     for r in results:
         row = summary.per_op.setdefault(r.op, {"pass": 0, "fail": 0, "excluded": 0})
         row[r.status] += 1
@@ -217,9 +219,13 @@ def run_conformance(name_filter: str = "", verbose: bool = False) -> tuple[Summa
 def write_results(summary: Summary) -> None:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     data = {
-        "selected": summary.selected, "passed": summary.passed, "pass_rate": round(summary.pass_rate, 4),
-        "excluded": [asdict(r) for r in summary.excluded], "failed": [asdict(r) for r in summary.failed],
-        "not_selected": summary.not_selected, "per_op": summary.per_op,
+        "selected": summary.selected,
+        "passed": summary.passed,
+        "pass_rate": round(summary.pass_rate, 4),
+        "excluded": [asdict(r) for r in summary.excluded],
+        "failed": [asdict(r) for r in summary.failed],
+        "not_selected": summary.not_selected,
+        "per_op": summary.per_op,
     }
     (RESULTS_DIR / "onnx_conformance.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     lines = [
@@ -244,8 +250,11 @@ def write_results(summary: Summary) -> None:
         for reason, names in sorted(by_reason.items(), key=lambda item: -len(item[1])):
             lines.append(f"- {reason}: {len(names)} case(s): " + ", ".join(f"`{n}`" for n in names))
         strict = summary.passed / (summary.selected + len(summary.excluded))
-        lines += ["", f"Counting every excluded case as a failure, the pass rate would be {100 * strict:.1f}% "
-                  f"({summary.passed} / {summary.selected + len(summary.excluded)})."]
+        lines += [
+            "",
+            f"Counting every excluded case as a failure, the pass rate would be {100 * strict:.1f}% "
+            f"({summary.passed} / {summary.selected + len(summary.excluded)}).",
+        ]
     (RESULTS_DIR / "onnx_conformance.md").write_text("\n".join(lines) + "\n")
 
 
@@ -263,8 +272,10 @@ def print_table(summary: Summary) -> None:
     console.print(table)
     for r in summary.failed:
         console.print(f"[red]FAIL[/red] {r.name}: {r.reason[:300]}", highlight=False)
-    console.print(f"passed {summary.passed} / {summary.selected} selected ({100 * summary.pass_rate:.1f}%), "
-                  f"{len(summary.excluded)} excluded, {summary.not_selected} not selected, {summary.seconds:.1f} s")
+    console.print(
+        f"passed {summary.passed} / {summary.selected} selected ({100 * summary.pass_rate:.1f}%), "
+        f"{len(summary.excluded)} excluded, {summary.not_selected} not selected, {summary.seconds:.1f} s"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -178,7 +178,10 @@ def test_empty_file(tmp_path: Path) -> None:
 def test_cycle(tmp_path: Path) -> None:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
     y = helper.make_tensor_value_info("b", TensorProto.FLOAT, [2])
-    nodes = [helper.make_node("Add", ["x", "b"], ["a"], name="first"), helper.make_node("Relu", ["a"], ["b"], name="second")]
+    nodes = [
+        helper.make_node("Add", ["x", "b"], ["a"], name="first"),
+        helper.make_node("Relu", ["a"], ["b"], name="second"),
+    ]
     path = _save(_model(nodes, [x], [y]), tmp_path / "m.onnx")
     with pytest.raises(ModelFormatError, match="the graph has a cycle through 2 node") as info:
         import_onnx(path)
@@ -188,8 +191,9 @@ def test_cycle(tmp_path: Path) -> None:
 def test_undefined_input(tmp_path: Path) -> None:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
-    path = _save(_model([helper.make_node("MatMul", ["x", "missing_w"], ["y"], name="proj")], [x], [y]),
-                 tmp_path / "m.onnx")
+    path = _save(
+        _model([helper.make_node("MatMul", ["x", "missing_w"], ["y"], name="proj")], [x], [y]), tmp_path / "m.onnx"
+    )
     with pytest.raises(ModelFormatError, match="input 'missing_w' is not defined") as info:
         import_onnx(path)
     error = info.value

@@ -41,7 +41,7 @@ def _compare(model: onnx.ModelProto, feeds: dict[str, np.ndarray], tmp_path: Pat
     ours = evaluate(graph, feeds)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
-    theirs = dict(zip(names, session.run(names, feeds)))
+    theirs = dict(zip(names, session.run(names, feeds), strict=False))
     for name in names:
         assert ours[name].dtype == theirs[name].dtype, name
         assert ours[name].shape == theirs[name].shape, name
@@ -56,8 +56,12 @@ def test_gemm_mlp(tmp_path: Path) -> None:
         helper.make_node("Gemm", ["r", "w2"], ["logits"], name="fc2"),
         helper.make_node("Softmax", ["logits"], ["probs"], axis=-1),
     ]
-    model = _model(nodes, [_vi("x", TensorProto.FLOAT, [3, 8])], [_vi("probs", TensorProto.FLOAT, [3, 5])],
-                   [_w("w1", 16, 8), _w("b1", 16), _w("w2", 16, 5)])
+    model = _model(
+        nodes,
+        [_vi("x", TensorProto.FLOAT, [3, 8])],
+        [_vi("probs", TensorProto.FLOAT, [3, 5])],
+        [_w("w1", 16, 8), _w("b1", 16), _w("w2", 16, 5)],
+    )
     graph = _compare(model, {"x": RNG.standard_normal((3, 8)).astype(np.float32)}, tmp_path)
     assert "Gemm" not in graph.op_census() and graph.op_census()["MatMul"] == 2
     # transB on a weight becomes a transposed initializer, not a Transpose node
@@ -67,9 +71,16 @@ def test_gemm_mlp(tmp_path: Path) -> None:
 
 def test_gemm_transposed_activation(tmp_path: Path) -> None:
     nodes = [helper.make_node("Gemm", ["a", "b", "c"], ["y"], transA=1, transB=1)]
-    inputs = [_vi("a", TensorProto.FLOAT, [4, 3]), _vi("b", TensorProto.FLOAT, [5, 4]), _vi("c", TensorProto.FLOAT, [5])]
-    feeds = {"a": RNG.standard_normal((4, 3)).astype(np.float32), "b": RNG.standard_normal((5, 4)).astype(np.float32),
-             "c": RNG.standard_normal(5).astype(np.float32)}
+    inputs = [
+        _vi("a", TensorProto.FLOAT, [4, 3]),
+        _vi("b", TensorProto.FLOAT, [5, 4]),
+        _vi("c", TensorProto.FLOAT, [5]),
+    ]
+    feeds = {
+        "a": RNG.standard_normal((4, 3)).astype(np.float32),
+        "b": RNG.standard_normal((5, 4)).astype(np.float32),
+        "c": RNG.standard_normal(5).astype(np.float32),
+    }
     graph = _compare(_model(nodes, inputs, [_vi("y", TensorProto.FLOAT, [3, 5])]), feeds, tmp_path)
     assert graph.op_census()["Transpose"] == 2
 
@@ -91,8 +102,9 @@ def test_layer_block_opset17_legacy_style(tmp_path: Path) -> None:
         helper.make_node("Sqrt", ["ve"], ["std"]),
         helper.make_node("Div", ["xc", "std"], ["norm"]),
         helper.make_node("Reshape", ["norm", "target"], ["flat"]),
-        helper.make_node("ConstantOfShape", ["target_len"], ["ones"],
-                         value=numpy_helper.from_array(np.array([2.0], np.float32))),
+        helper.make_node(
+            "ConstantOfShape", ["target_len"], ["ones"], value=numpy_helper.from_array(np.array([2.0], np.float32))
+        ),
         helper.make_node("Shape", ["target"], ["target_len"]),
         helper.make_node("Dropout", ["flat"], ["dropped"]),
         helper.make_node("Mul", ["dropped", "scale"], ["y"]),
@@ -100,8 +112,9 @@ def test_layer_block_opset17_legacy_style(tmp_path: Path) -> None:
     # ConstantOfShape is listed before the node computing its input: the importer sorts
     nodes = nodes[:14] + [nodes[15], nodes[14]] + nodes[16:]
     scale = numpy_helper.from_array(np.array(3.0, np.float32), "scale")
-    model = _model(nodes, [_vi("x", TensorProto.FLOAT, [2, 3, 4])], [_vi("y", TensorProto.FLOAT, None)],
-                   [scale], opset=17)
+    model = _model(
+        nodes, [_vi("x", TensorProto.FLOAT, [2, 3, 4])], [_vi("y", TensorProto.FLOAT, None)], [scale], opset=17
+    )
     graph = _compare(model, {"x": RNG.standard_normal((2, 3, 4)).astype(np.float32)}, tmp_path)
     census = graph.op_census()
     assert "Shape" not in census and "Gather" not in census and "Concat" not in census  # folded
@@ -117,9 +130,13 @@ def test_dynamic_shapes_keep_symbols(tmp_path: Path) -> None:
         helper.make_node("Reshape", ["x", "target"], ["split"]),
         helper.make_node("Transpose", ["split"], ["t"], perm=[0, 2, 1, 3]),
     ]
-    inits = [numpy_helper.from_array(np.array(v, np.int64), n)
-             for n, v in [("zero", [0]), ("two", [2]), ("heads", [2]), ("minus1", [-1])]]
-    model = _model(nodes, [_vi("x", TensorProto.FLOAT, ["batch", "seq", 8])], [_vi("t", TensorProto.FLOAT, None)], inits)
+    inits = [
+        numpy_helper.from_array(np.array(v, np.int64), n)
+        for n, v in [("zero", [0]), ("two", [2]), ("heads", [2]), ("minus1", [-1])]
+    ]
+    model = _model(
+        nodes, [_vi("x", TensorProto.FLOAT, ["batch", "seq", 8])], [_vi("t", TensorProto.FLOAT, None)], inits
+    )
     for seq in (3, 5):
         graph = _compare(model, {"x": RNG.standard_normal((2, seq, 8)).astype(np.float32)}, tmp_path)
     assert graph.inputs[0].type.shape == ("batch", "seq", 8)
@@ -138,8 +155,12 @@ def test_opset18_conversions(tmp_path: Path) -> None:
         helper.make_node("Cast", ["c"], ["c16"], to=TensorProto.FLOAT16),
     ]
     inits = [numpy_helper.from_array(np.array([1], np.int64), "axes")]
-    model = _model(nodes, [_vi("x", TensorProto.FLOAT, [2, 9]), _vi("ids", TensorProto.INT64, [2])],
-                   [_vi("y", TensorProto.FLOAT, None), _vi("c16", TensorProto.FLOAT16, None)], inits)
+    model = _model(
+        nodes,
+        [_vi("x", TensorProto.FLOAT, [2, 9]), _vi("ids", TensorProto.INT64, [2])],
+        [_vi("y", TensorProto.FLOAT, None), _vi("c16", TensorProto.FLOAT16, None)],
+        inits,
+    )
     feeds = {"x": RNG.standard_normal((2, 9)).astype(np.float32), "ids": np.array([3, -4], np.int64)}
     graph = _compare(model, feeds, tmp_path)
     assert graph.op_census()["Cast"] == 2
@@ -178,12 +199,19 @@ def test_decode_step_with_kv_cache(tmp_path: Path) -> None:
         numpy_helper.from_array(np.array([1.0, 0.5, 0.25, 0.125], np.float32), "inv_freq"),
         numpy_helper.from_array(np.array(-1e9, np.float32), "neg"),
     ]
-    inputs = [_vi("q", TensorProto.FLOAT, [1, 2, 1, 8]), _vi("k", TensorProto.FLOAT, [1, 2, 1, 8]),
-              _vi("past", TensorProto.FLOAT, [1, 2, "past_seq", 8])]
-    model = _model(nodes, inputs, [_vi("attn", TensorProto.FLOAT, None), _vi("present", TensorProto.FLOAT, None)], inits)
-    feeds = {"q": RNG.standard_normal((1, 2, 1, 8)).astype(np.float32),
-             "k": RNG.standard_normal((1, 2, 1, 8)).astype(np.float32),
-             "past": RNG.standard_normal((1, 2, 5, 8)).astype(np.float32)}
+    inputs = [
+        _vi("q", TensorProto.FLOAT, [1, 2, 1, 8]),
+        _vi("k", TensorProto.FLOAT, [1, 2, 1, 8]),
+        _vi("past", TensorProto.FLOAT, [1, 2, "past_seq", 8]),
+    ]
+    model = _model(
+        nodes, inputs, [_vi("attn", TensorProto.FLOAT, None), _vi("present", TensorProto.FLOAT, None)], inits
+    )
+    feeds = {
+        "q": RNG.standard_normal((1, 2, 1, 8)).astype(np.float32),
+        "k": RNG.standard_normal((1, 2, 1, 8)).astype(np.float32),
+        "past": RNG.standard_normal((1, 2, 5, 8)).astype(np.float32),
+    }
     _compare(model, feeds, tmp_path)
 
 
@@ -222,15 +250,18 @@ def _attention_case(rank: int, past: bool, mask: str | None, causal: bool, softc
     return model, feeds
 
 
-@pytest.mark.parametrize("rank,past,mask,causal,softcap", [
-    (4, False, None, False, 0.0),
-    (4, False, None, True, 0.0),
-    (4, True, None, True, 0.0),
-    (4, True, "bool", False, 0.0),
-    (4, False, "float", False, 2.0),
-    (3, False, None, True, 0.0),
-    (3, True, "float", False, 0.0),
-])
+@pytest.mark.parametrize(
+    "rank,past,mask,causal,softcap",
+    [
+        (4, False, None, False, 0.0),
+        (4, False, None, True, 0.0),
+        (4, True, None, True, 0.0),
+        (4, True, "bool", False, 0.0),
+        (4, False, "float", False, 2.0),
+        (3, False, None, True, 0.0),
+        (3, True, "float", False, 0.0),
+    ],
+)
 def test_attention_opset23(tmp_path: Path, rank, past, mask, causal, softcap) -> None:
     model, feeds = _attention_case(rank, past, mask, causal, softcap)
     graph = _compare(model, feeds, tmp_path)
@@ -239,8 +270,9 @@ def test_attention_opset23(tmp_path: Path, rank, past, mask, causal, softcap) ->
 
 def test_names_and_shape_only(tmp_path: Path) -> None:
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="proj"), helper.make_node("Relu", ["h"], ["y"])]
-    model = _model(nodes, [_vi("x", TensorProto.FLOAT, [1, 256])], [_vi("y", TensorProto.FLOAT, [1, 256])],
-                   [_w("w", 256, 256)])
+    model = _model(
+        nodes, [_vi("x", TensorProto.FLOAT, [1, 256])], [_vi("y", TensorProto.FLOAT, [1, 256])], [_w("w", 256, 256)]
+    )
     path = tmp_path / "m.onnx"
     onnx.save(model, str(path))
     graph = import_onnx(path)

@@ -69,8 +69,10 @@ def model_opset(model: Any) -> int:
     for entry in model.opset_import:
         if entry.domain in DEFAULT_DOMAINS:
             if entry.version < MIN_OPSET:
-                raise ModelFormatError(f"opset {entry.version} is too old (aviatorc reads opset {MIN_OPSET} and later)",
-                                       hint="convert it with onnx.version_converter")
+                raise ModelFormatError(
+                    f"opset {entry.version} is too old (aviatorc reads opset {MIN_OPSET} and later)",
+                    hint="convert it with onnx.version_converter",
+                )
             return int(entry.version)
     raise ModelFormatError("the model imports no default-domain (ai.onnx) opset")
 
@@ -109,9 +111,12 @@ def ordered_nodes(graph: Any) -> list[tuple[int, Any]]:
     for index, node in enumerate(graph.node):
         for name in node.input:
             if name and name not in producer and name not in defined:
-                raise ModelFormatError(f"input '{name}' is not defined (no graph input, initializer or node output)",
-                                       node=node_name(node, index), op=node.op_type,
-                                       hint="the model is missing an initializer or is corrupt")
+                raise ModelFormatError(
+                    f"input '{name}' is not defined (no graph input, initializer or node output)",
+                    node=node_name(node, index),
+                    op=node.op_type,
+                    hint="the model is missing an initializer or is corrupt",
+                )
     for out in graph.output:
         if out.name not in producer and out.name not in defined:
             raise ModelFormatError(f"graph output '{out.name}' is not defined")
@@ -138,8 +143,9 @@ def ordered_nodes(graph: Any) -> list[tuple[int, Any]]:
     if len(order) != len(graph.node):
         stuck = [i for i, count in enumerate(pending) if count > 0]
         first = graph.node[stuck[0]]
-        raise ModelFormatError(f"the graph has a cycle through {len(stuck)} node(s)",
-                               node=node_name(first, stuck[0]), op=first.op_type)
+        raise ModelFormatError(
+            f"the graph has a cycle through {len(stuck)} node(s)", node=node_name(first, stuck[0]), op=first.op_type
+        )
     return [(i, graph.node[i]) for i in order]
 
 
@@ -150,8 +156,9 @@ def inferred_types(model: Any) -> dict[str, TensorType | None]:
     inferred = None
     for data_prop in (True, False):
         try:
-            inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False,
-                                                         data_prop=data_prop)
+            inferred = onnx.shape_inference.infer_shapes(
+                model, check_type=False, strict_mode=False, data_prop=data_prop
+            )
             break
         except Exception:  # noqa: BLE001 - inference is only a source of hints
             continue
@@ -195,7 +202,7 @@ def checked_type(dtype: str, dims: list[Dim], what: str) -> TensorType:
 
 def keep_output_names(graph: Graph, names: list[str]) -> None:
     """Folding replaces an output by a fresh constant: give the model's output name back."""
-    for index, (value, name) in enumerate(zip(list(graph.outputs), names)):
+    for index, (value, name) in enumerate(zip(list(graph.outputs), names, strict=False)):
         if value.name != name:
             node = graph.add_node("Identity", [value], [value.type], name=name, output_names=[name])
             graph.outputs[index] = node.outputs[0]
@@ -205,23 +212,34 @@ def refine_types(graph: Graph) -> None:
     """After folding, rules see constant shape operands: fill dims they now know."""
     for node in graph.nodes:
         try:
-            inferred = infer_types(node.op, [v.type if v is not None else None for v in node.inputs],
-                                   [v.const_value() if v is not None and _small_const(v) else None for v in node.inputs],
-                                   node.attrs, len(node.outputs), node.name)
+            inferred = infer_types(
+                node.op,
+                [v.type if v is not None else None for v in node.inputs],
+                [v.const_value() if v is not None and _small_const(v) else None for v in node.inputs],
+                node.attrs,
+                len(node.outputs),
+                node.name,
+            )
         except AviatorError:
             continue
-        for value, rule in zip(node.outputs, inferred):
+        for value, rule in zip(node.outputs, inferred, strict=False):
             if rule.dtype != value.type.dtype or rule.rank != value.type.rank:
                 continue
-            dims = tuple(r if (c is None or isinstance(c, str)) and isinstance(r, int) else c
-                         for c, r in zip(value.type.shape, rule.shape))
+            dims = tuple(
+                r if (c is None or isinstance(c, str)) and isinstance(r, int) else c
+                for c, r in zip(value.type.shape, rule.shape, strict=False)
+            )
             if dims != value.type.shape:
                 value.type = TensorType(value.type.dtype, dims)
 
 
 def _small_const(value: Value) -> bool:
-    return value.data is not None and isinstance(value.data, ArrayData) and value.type.is_static \
+    return (
+        value.data is not None
+        and isinstance(value.data, ArrayData)
+        and value.type.is_static
         and value.type.numel() <= 1 << 16
+    )
 
 
 # -- the builder -------------------------------------------------------------------------
@@ -258,7 +276,11 @@ class Builder:
             return None
         if id(value) in self.known:
             return self.known[id(value)]
-        if isinstance(value.data, ArrayData) and value.type.is_static and value.type.numel() <= CONST_PROPAGATE_ELEMENTS:
+        if (
+            isinstance(value.data, ArrayData)
+            and value.type.is_static
+            and value.type.numel() <= CONST_PROPAGATE_ELEMENTS
+        ):
             return value.data.array
         return None
 
@@ -280,8 +302,11 @@ class Builder:
     def add_inputs_and_initializers(self) -> None:
         graph_proto = self.model.graph
         for tensor in graph_proto.initializer:
-            type = checked_type(onnx_ops.ir_dtype(tensor.data_type, f"initializer '{tensor.name}'"),
-                                [int(d) for d in tensor.dims], f"initializer '{tensor.name}'")
+            type = checked_type(
+                onnx_ops.ir_dtype(tensor.data_type, f"initializer '{tensor.name}'"),
+                [int(d) for d in tensor.dims],
+                f"initializer '{tensor.name}'",
+            )
             value = self.graph.add_initializer(tensor.name, type, self.tensor_data(tensor, type))
             self.values[tensor.name] = value
         for info in graph_proto.input:
@@ -289,8 +314,10 @@ class Builder:
                 continue  # an initializer listed as an input (IR version < 4): a weight
             type = type_from_proto(info.type, info.name)
             if type is None:
-                raise ModelFormatError(f"graph input '{info.name}' has no shape",
-                                       hint="export with input shapes (dynamic dims may be named)")
+                raise ModelFormatError(
+                    f"graph input '{info.name}' has no shape",
+                    hint="export with input shapes (dynamic dims may be named)",
+                )
             self.values[info.name] = self.graph.add_input(info.name, type)
 
     def tensor_data(self, tensor: Any, type: TensorType) -> TensorData:
@@ -316,10 +343,17 @@ class Builder:
         numel = type.numel()
         if tensor.HasField("raw_data"):
             if len(tensor.raw_data) != type.nbytes():
-                raise ModelFormatError(f"{what} is {type} ({type.nbytes()} bytes) but holds {len(tensor.raw_data)} bytes")
+                raise ModelFormatError(
+                    f"{what} is {type} ({type.nbytes()} bytes) but holds {len(tensor.raw_data)} bytes"
+                )
         else:
-            count = max(len(tensor.float_data), len(tensor.int32_data), len(tensor.int64_data),
-                        len(tensor.double_data), len(tensor.uint64_data))
+            count = max(
+                len(tensor.float_data),
+                len(tensor.int32_data),
+                len(tensor.int64_data),
+                len(tensor.double_data),
+                len(tensor.uint64_data),
+            )
             if count != numel:
                 raise ModelFormatError(f"{what} is {type} ({numel} elements) but holds {count} values")
         try:
@@ -328,8 +362,11 @@ class Builder:
             raise ModelFormatError(f"{what} cannot be decoded: {error}") from None
         array = np.asarray(array)
         if array.dtype != numpy_dtype(type.dtype):
-            array = array.view(numpy_dtype(type.dtype)) if array.dtype.itemsize == numpy_dtype(type.dtype).itemsize \
+            array = (
+                array.view(numpy_dtype(type.dtype))
+                if array.dtype.itemsize == numpy_dtype(type.dtype).itemsize
                 else array.astype(numpy_dtype(type.dtype))
+            )
         return array.reshape(type.shape)  # type: ignore[arg-type]
 
     # -- nodes ---------------------------------------------------------------------------
@@ -353,25 +390,38 @@ class Builder:
                 error.node, error.op = name, proto.op_type
                 error.args = (str(error),)
             raise
-        for onnx_name, value in zip(proto.output, outputs):
+        for onnx_name, value in zip(proto.output, outputs, strict=False):
             if onnx_name:
                 self.values[onnx_name] = value
 
-    def emit(self, ctx: onnx_ops.NodeContext, op: str, inputs: list[Value | None], attrs: dict[str, Any], *,
-             final: bool, num_outputs: int, suffix: str, output_index: int = 0) -> list[Value]:
+    def emit(
+        self,
+        ctx: onnx_ops.NodeContext,
+        op: str,
+        inputs: list[Value | None],
+        attrs: dict[str, Any],
+        *,
+        final: bool,
+        num_outputs: int,
+        suffix: str,
+        output_index: int = 0,
+    ) -> list[Value]:
         if final:
-            onnx_outs = list(ctx.proto.output[output_index:output_index + num_outputs])
+            onnx_outs = list(ctx.proto.output[output_index : output_index + num_outputs])
             names = [n if n else self.fresh(f"{ctx.name}/unused{i}") for i, n in enumerate(onnx_outs)]
             names += [self.fresh(f"{ctx.name}/out{i}") for i in range(len(names), num_outputs)]
             hints = [self.hints.get(n) for n in onnx_outs]
             node_name = ctx.name
         else:
-            names = [self.fresh(f"{ctx.name}/{suffix}")] + [self.fresh(f"{ctx.name}/{suffix}{i}") for i in range(1, num_outputs)]
+            names = [self.fresh(f"{ctx.name}/{suffix}")] + [
+                self.fresh(f"{ctx.name}/{suffix}{i}") for i in range(1, num_outputs)
+            ]
             hints = []
             node_name = f"{ctx.name}/{suffix}"
         consts = [self.const_of(v) for v in inputs]
-        types = infer_types(op, [v.type if v is not None else None for v in inputs], consts, attrs, num_outputs,
-                            node_name)[:num_outputs]
+        types = infer_types(
+            op, [v.type if v is not None else None for v in inputs], consts, attrs, num_outputs, node_name
+        )[:num_outputs]
         types = [merge_type(t, hints[i] if i < len(hints) else None) for i, t in enumerate(types)]
         node = self.graph.add_node(op, inputs, types, attrs, name=node_name, output_names=names)
         self.propagate(node, consts)
@@ -385,7 +435,7 @@ class Builder:
         x = node.inputs[0] if node.inputs else None
         if node.op in ("Shape", "Size") and x is not None and x.type.is_static:
             ins: list[Any] = [np.zeros(x.type.shape, np.int8)]  # only the shape is read
-        elif all(c is not None or v is None for c, v in zip(consts, node.inputs)):
+        elif all(c is not None or v is None for c, v in zip(consts, node.inputs, strict=False)):
             ins = list(consts)
         else:
             return
@@ -397,7 +447,7 @@ class Builder:
                 outs = opdef.kernel(ins, attrs)
         except Exception:  # noqa: BLE001 - a kernel failing here fails again, with context, at run time
             return
-        for value, array in zip(node.outputs, outs):
+        for value, array in zip(node.outputs, outs, strict=False):
             array = np.asarray(array)
             if array.dtype == numpy_dtype(value.type.dtype) and tuple(array.shape) == value.type.shape:
                 self.known[id(value)] = array

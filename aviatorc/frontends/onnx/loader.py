@@ -45,8 +45,11 @@ def load_model_proto(path: Path) -> Any:
     try:
         model = onnx.load(str(path), load_external_data=False)
     except (DecodeError, RuntimeWarning, ValueError, OSError) as error:
-        raise ModelFormatError(f"not a valid ONNX protobuf ({type(error).__name__}: {error})",
-                               file=str(path), hint="the file may be truncated or not an ONNX model") from None
+        raise ModelFormatError(
+            f"not a valid ONNX protobuf ({type(error).__name__}: {error})",
+            file=str(path),
+            hint="the file may be truncated or not an ONNX model",
+        ) from None
     if not model.HasField("graph") or not (model.graph.node or model.graph.output):
         raise ModelFormatError("the file holds no ONNX graph (truncated or not an ONNX model)", file=str(path))
     return model
@@ -60,15 +63,22 @@ def external_ref(tensor: Any) -> ExternalRef:
         offset = int(entries.get("offset", 0))
         length = int(entries["length"]) if "length" in entries else None
     except ValueError:
-        raise ModelFormatError(f"initializer '{tensor.name}' has a non-integer external data offset or length") from None
+        raise ModelFormatError(
+            f"initializer '{tensor.name}' has a non-integer external data offset or length"
+        ) from None
     return ExternalRef(entries["location"], offset, length)
 
 
 def resolve_location(base_dir: Path, location: str, tensor_name: str) -> Path:
     """The checked path of an external data file: inside `base_dir`, no links, a regular file."""
+
     def refuse(why: str) -> UnsafePathError:
-        return UnsafePathError(f"external data of '{tensor_name}' at '{location}' {why}", location=location,
-                               tensor=tensor_name, hint="keep external data files as plain files next to the model")
+        return UnsafePathError(
+            f"external data of '{tensor_name}' at '{location}' {why}",
+            location=location,
+            tensor=tensor_name,
+            hint="keep external data files as plain files next to the model",
+        )
 
     if not location or "\x00" in location:
         raise refuse("is not a valid file name")
@@ -108,12 +118,15 @@ def external_data(base_dir: Path, tensor: Any, type: TensorType) -> TensorData:
     length = nbytes if ref.length is None else ref.length
     if length != nbytes:
         raise ModelFormatError(
-            f"initializer '{tensor.name}' is {type} ({nbytes} bytes) but its external data length is {length}")
+            f"initializer '{tensor.name}' is {type} ({nbytes} bytes) but its external data length is {length}"
+        )
     size = path.stat().st_size
     if ref.offset < 0 or ref.offset + length > size:
         raise ModelFormatError(
             f"external data of '{tensor.name}' at [{ref.offset}, {ref.offset + length}) lies past the end of "
-            f"'{ref.location}' ({size} bytes)", tensor=tensor.name)
+            f"'{ref.location}' ({size} bytes)",
+            tensor=tensor.name,
+        )
     region = FileRegion(path, ref.offset, length, type)
     if length <= EAGER_EXTERNAL_BYTES:
         array = region.load()

@@ -29,8 +29,19 @@ if TYPE_CHECKING:
 # ONNX TensorProto.DataType -> IR element type. The rest (string, complex, float8, int4,
 # float4, ...) are outside the IR's closed set.
 ONNX_DTYPES: dict[int, str] = {
-    1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
-    9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16",
+    1: "float32",
+    2: "uint8",
+    3: "int8",
+    4: "uint16",
+    5: "int16",
+    6: "int32",
+    7: "int64",
+    9: "bool",
+    10: "float16",
+    11: "float64",
+    12: "uint32",
+    13: "uint64",
+    16: "bfloat16",
 }
 
 # ONNX attributes that the IR op does not carry because they only matter for element
@@ -50,8 +61,10 @@ def ir_dtype(enum: int, what: str) -> str:
         name = onnx.TensorProto.DataType.Name(enum)
     except ValueError:
         name = str(enum)
-    raise ModelFormatError(f"{what} has element type {name}, which aviatorc does not support",
-                           hint=f"supported: {', '.join(sorted(set(ONNX_DTYPES.values())))}")
+    raise ModelFormatError(
+        f"{what} has element type {name}, which aviatorc does not support",
+        hint=f"supported: {', '.join(sorted(set(ONNX_DTYPES.values())))}",
+    )
 
 
 @dataclass
@@ -91,13 +104,22 @@ class NodeContext:
     def constant(self, array: Any, suffix: str) -> Value:
         return self.builder.constant(np.asarray(array), f"{self.name}/{suffix}")
 
-    def emit(self, op: str, inputs: list[Value | None], attrs: dict[str, Any] | None = None, *,
-             final: bool = False, num_outputs: int = 1, suffix: str = "") -> list[Value]:
+    def emit(
+        self,
+        op: str,
+        inputs: list[Value | None],
+        attrs: dict[str, Any] | None = None,
+        *,
+        final: bool = False,
+        num_outputs: int = 1,
+        suffix: str = "",
+    ) -> list[Value]:
         """Add an IR node; `final` gives it the ONNX node's name and output names."""
         while inputs and inputs[-1] is None:
             inputs = inputs[:-1]
-        return self.builder.emit(self, op, inputs, attrs or {}, final=final, num_outputs=num_outputs,
-                                 suffix=suffix or op.lower())
+        return self.builder.emit(
+            self, op, inputs, attrs or {}, final=final, num_outputs=num_outputs, suffix=suffix or op.lower()
+        )
 
 
 Converter = Callable[[NodeContext], list[Value]]
@@ -130,7 +152,9 @@ def passthrough(ctx: NodeContext) -> list[Value]:
         if key in opdef.attrs:
             attrs[key] = value
         elif key not in IGNORED_ATTRS.get(ctx.op_type, ()):
-            raise ModelFormatError(f"attribute '{key}' of {ctx.op_type} is not supported", node=ctx.name, op=ctx.op_type)
+            raise ModelFormatError(
+                f"attribute '{key}' of {ctx.op_type} is not supported", node=ctx.name, op=ctx.op_type
+            )
     return ctx.emit(ctx.op_type, ctx.inputs(), attrs, final=True, num_outputs=ctx.num_outputs)
 
 
@@ -156,7 +180,9 @@ def constant(ctx: NodeContext) -> list[Value]:
     elif "value_ints" in attrs:
         array = np.array(attrs["value_ints"], np.int64)
     else:
-        raise ModelFormatError(f"Constant with attribute(s) {sorted(attrs)} is not supported", node=ctx.name, op="Constant")
+        raise ModelFormatError(
+            f"Constant with attribute(s) {sorted(attrs)} is not supported", node=ctx.name, op="Constant"
+        )
     return [ctx.builder.named_constant(array, ctx.proto.output[0])]
 
 
@@ -168,7 +194,10 @@ def constant_of_shape(ctx: NodeContext) -> list[Value]:
         array = ctx.builder.tensor_array(ctx.attrs["value"], f"value of ConstantOfShape '{ctx.name}'")
         if array.size != 1:
             raise ModelFormatError(f"value has {array.size} elements, expected 1", node=ctx.name, op="ConstantOfShape")
-        attrs = {"value": array.reshape(()).item(), "dtype": str(array.dtype) if array.dtype.name != "bfloat16" else "bfloat16"}
+        attrs = {
+            "value": array.reshape(()).item(),
+            "dtype": str(array.dtype) if array.dtype.name != "bfloat16" else "bfloat16",
+        }
     return ctx.emit("ConstantOfShape", ctx.inputs(), attrs, final=True)
 
 
@@ -197,8 +226,11 @@ def _lazy_transpose(ctx: NodeContext, value: Value) -> Value:
     if value.data is not None and value.type.rank == 2:
         source = value.data
         type = TensorType(value.type.dtype, value.type.shape[::-1])
-        data = (ArrayData(np.ascontiguousarray(source.array.T)) if isinstance(source, ArrayData)
-                else Derived(source, lambda a: np.ascontiguousarray(a.T)))
+        data = (
+            ArrayData(np.ascontiguousarray(source.array.T))
+            if isinstance(source, ArrayData)
+            else Derived(source, lambda a: np.ascontiguousarray(a.T))
+        )
         return ctx.builder.initializer(type, data, f"{value.name}_T")
     return ctx.emit("Transpose", [value], {"perm": (1, 0)}, suffix="transpose")[0]
 
@@ -233,17 +265,27 @@ def dropout(ctx: NodeContext) -> list[Value]:
     if training is not None:
         flag = ctx.const(2)
         if flag is None or bool(np.asarray(flag).reshape(-1)[0]):
-            raise ModelFormatError("training-mode Dropout is not supported (training_mode must be a constant false)",
-                                   node=ctx.name, op="Dropout")
+            raise ModelFormatError(
+                "training-mode Dropout is not supported (training_mode must be a constant false)",
+                node=ctx.name,
+                op="Dropout",
+            )
     x = ctx.input(0)
     assert x is not None
     if ctx.num_outputs < 2:
         return ctx.emit("Identity", [x], final=True)
     shape = ctx.emit("Shape", [x], suffix="shape")[0]
-    out = ctx.builder.emit(ctx, "Identity", [x], {}, final=True, num_outputs=1, suffix="identity",
-                           output_index=0)[0]
-    mask = ctx.builder.emit(ctx, "ConstantOfShape", [shape], {"value": 1, "dtype": "bool"}, final=True,
-                            num_outputs=1, suffix="mask", output_index=1)[0]
+    out = ctx.builder.emit(ctx, "Identity", [x], {}, final=True, num_outputs=1, suffix="identity", output_index=0)[0]
+    mask = ctx.builder.emit(
+        ctx,
+        "ConstantOfShape",
+        [shape],
+        {"value": 1, "dtype": "bool"},
+        final=True,
+        num_outputs=1,
+        suffix="mask",
+        output_index=1,
+    )[0]
     return [out, mask]
 
 
@@ -268,9 +310,12 @@ def _const_ints(ctx: NodeContext, index: int, what: str) -> tuple[int, ...] | No
         return None
     array = ctx.const(index)
     if array is None:
-        raise ModelFormatError(f"{what} (input {index}, '{value.name}') must be a constant",
-                               node=ctx.name, op=ctx.op_type,
-                               hint="export with static shapes, or fold the computation of this input")
+        raise ModelFormatError(
+            f"{what} (input {index}, '{value.name}') must be a constant",
+            node=ctx.name,
+            op=ctx.op_type,
+            hint="export with static shapes, or fold the computation of this input",
+        )
     return tuple(int(v) for v in np.asarray(array).reshape(-1))
 
 
