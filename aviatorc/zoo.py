@@ -1,10 +1,11 @@
 """Tiny, deterministic models of real architectures, for tests and the op census.
 
 Each model is built from a ``transformers`` config object with random weights (no
-download), at a size where an ONNX export takes seconds: hidden 32-64, 2 layers,
-vocab 128-256. Every parameter is then perturbed with seeded noise, because the
-ONNX exporter's optimizer deletes additions of all-zero biases and multiplications
-by all-one norm weights, and a fixture without them would not exercise those ops.
+download), at a size where an ONNX export takes seconds: hidden 32, 4 heads (2 kv
+heads in the Llama family: grouped-query attention), 2 layers, vocab 128. Every
+parameter is then perturbed with seeded noise, because the ONNX exporter's
+optimizer deletes additions of all-zero biases and multiplications by all-one norm
+weights, and a fixture without them would not exercise those ops.
 
 The model is wrapped so that it takes plain tensors and returns one named tensor
 (``logits`` for decoders, ``hidden`` for BERT), which keeps ``torch.export`` and
@@ -41,21 +42,24 @@ MAX_POSITIONS = 64
 # Standard deviation of the noise added to every parameter after construction.
 PERTURB_STD = 0.02
 
-# Decoder-only architectures whose HF forward builds a causal mask from
-# attention_mask. The legacy exporter fails on Llama-family models (aten::diff)
-# unless attention_mask is passed explicitly, so every decoder gets one.
-_DECODERS = ("gpt2", "llama", "mistral", "qwen2", "phi3", "opt")
+# Architectures whose decode step export_decode_onnx supports: the HF models that
+# keep their KV cache in a DynamicCache with [batch, kv_heads, past, head_dim] layers.
+DECODE_ARCHS: tuple[str, ...] = ("llama", "mistral", "qwen2", "phi3")
 
 
 def _config(arch: str) -> Any:
     """The tiny ``transformers`` config for ``arch``."""
     import transformers as tf
 
-    common: dict[str, Any] = {"vocab_size": VOCAB_SIZE, "use_cache": False}
+    # Special tokens inside the tiny vocab (GPT-2 and Phi-3 default outside it and warn).
+    common: dict[str, Any] = {
+        "vocab_size": VOCAB_SIZE,
+        "use_cache": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
     if arch == "gpt2":
-        return tf.GPT2Config(
-            n_embd=HIDDEN, n_layer=LAYERS, n_head=4, n_positions=MAX_POSITIONS, **common
-        )
+        return tf.GPT2Config(n_embd=HIDDEN, n_layer=LAYERS, n_head=4, n_positions=MAX_POSITIONS, **common)
     llama_like: dict[str, Any] = {
         "hidden_size": HIDDEN,
         "num_hidden_layers": LAYERS,
@@ -155,10 +159,12 @@ def _single_output_class() -> type[torch.nn.Module]:
     return SingleOutput
 
 
-def example_inputs(
-    arch: str, batch: int = 1, seq: int = 8, seed: int = 0
-) -> dict[str, torch.Tensor]:
-    """Seeded ``input_ids`` (int64) and an all-ones ``attention_mask`` (int64)."""
+def example_inputs(arch: str, batch: int = 1, seq: int = 8, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Seeded ``input_ids`` (int64) and an all-ones ``attention_mask`` (int64).
+
+    Every arch gets an explicit ``attention_mask``: the legacy exporter fails on
+    Llama-family models (``aten::diff``) without one.
+    """
     import torch
 
     if arch not in ZOO_ARCHS:
@@ -222,19 +228,133 @@ def export_onnx(
         output_names=[out],
         opset_version=opset,
         dynamo=exporter == "dynamo",
+        verbose=False,
         **kwargs,
     )
     onnx.checker.check_model(str(path), full_check=True)
     return path
 
 
+def decode_input_names(arch: str) -> tuple[list[str], list[str]]:
+    """(input names, output names) of the decode-step graph for ``arch``."""
+    layers = config(arch).num_hidden_layers
+    cache = [f"{kv}_{i}" for i in range(layers) for kv in ("key", "value")]
+    return (
+        ["input_ids", "attention_mask", *(f"past_{c}" for c in cache)],
+        ["logits", *(f"present_{c}" for c in cache)],
+    )
+
+
+def decode_example_inputs(arch: str, past: int = 6, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Inputs of one decode step: one new token after ``past`` cached positions (batch 1)."""
+    import torch
+
+    cfg = config(arch)
+    kv_heads = cfg.num_key_value_heads
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    names, _ = decode_input_names(arch)
+    gen = torch.Generator().manual_seed(seed)
+    tensors = [
+        torch.randint(3, VOCAB_SIZE, (1, 1), generator=gen, dtype=torch.int64),
+        torch.ones(1, past + 1, dtype=torch.int64),
+    ]
+    tensors += [torch.randn(1, kv_heads, past, head_dim, generator=gen) for _ in names[2:]]
+    return dict(zip(names, tensors, strict=True))
+
+
+def build_decode_model(arch: str, seed: int = 0) -> torch.nn.Module:
+    """The zoo model of ``arch`` wrapped as one decode step with a flat KV cache.
+
+    ``forward(input_ids [1, new], attention_mask [1, past + new], *past_kv)`` where
+    ``past_kv`` is key_0, value_0, key_1, ... each [1, kv_heads, past, head_dim];
+    returns (logits, *present_kv) with the cache grown by ``new`` positions.
+    """
+    if arch not in DECODE_ARCHS:
+        raise ValueError(f"no decode-step export for {arch!r}; choose one of {', '.join(DECODE_ARCHS)}")
+    inner = build_model(arch, seed).inner
+    return _decode_step_class()(inner).eval()
+
+
+@functools.cache
+def _decode_step_class() -> type[torch.nn.Module]:
+    import torch
+    from transformers import DynamicCache
+
+    class DecodeStep(torch.nn.Module):
+        """Rebuilds a DynamicCache from flat tensors so the exported graph has plain I/O."""
+
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(
+            self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *past_kv: torch.Tensor
+        ) -> tuple[torch.Tensor, ...]:
+            cfg = self.inner.config
+            cache = DynamicCache(config=cfg)
+            for layer in range(cfg.num_hidden_layers):
+                cache.update(past_kv[2 * layer], past_kv[2 * layer + 1], layer)
+            # Explicit positions: past .. past + new - 1 (this is what puts Range in the graph).
+            past = past_kv[0].shape[2]
+            position_ids = torch.arange(past, past + input_ids.shape[1]).unsqueeze(0)
+            out = self.inner(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                cache=cache,
+                use_cache=True,
+            )
+            present = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+            return (out.logits, *present)
+
+    return DecodeStep
+
+
+def export_decode_onnx(arch: str, path: str | Path, *, opset: int = 18, seed: int = 0) -> Path:
+    """Export one decode step of ``arch`` (dynamo exporter) with a dynamic past length.
+
+    Inputs: ``input_ids`` [1, 1], ``attention_mask`` [1, past + 1], ``past_key_i`` /
+    ``past_value_i`` [1, kv_heads, past, head_dim]; outputs ``logits`` and
+    ``present_key_i`` / ``present_value_i`` with past + 1 positions.
+    """
+    import onnx
+    import torch
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = build_decode_model(arch, seed)
+    inputs = decode_example_inputs(arch, seed=seed)
+    in_names, out_names = decode_input_names(arch)
+    # min=2: torch.export specializes dimensions of size 0 and 1.
+    past = torch.export.Dim("past", min=2, max=MAX_POSITIONS - 1)
+    cache_shapes = tuple({2: past} for _ in in_names[2:])
+    torch.onnx.export(
+        model,
+        tuple(inputs.values()),
+        str(path),
+        input_names=in_names,
+        output_names=out_names,
+        opset_version=opset,
+        dynamo=True,
+        verbose=False,
+        dynamic_shapes=({}, {1: past + 1}, cache_shapes),
+    )
+    onnx.checker.check_model(str(path), full_check=True)
+    return path
+
+
 __all__ = [
+    "DECODE_ARCHS",
     "DYNAMO_OPSETS",
     "LEGACY_OPSET",
     "ZOO_ARCHS",
+    "build_decode_model",
     "build_model",
     "config",
+    "decode_example_inputs",
+    "decode_input_names",
     "example_inputs",
+    "export_decode_onnx",
     "export_onnx",
     "output_name",
 ]
