@@ -11,8 +11,9 @@ has no way to drop one output of a Split).
 
 from __future__ import annotations
 
-from aviatorc.ir import Graph
 from aviatorc.passes.manager import Pass, PassContext, PassResult, register_pass
+
+from aviatorc.ir import Graph
 
 
 @register_pass
@@ -35,5 +36,6 @@ class DeadCodeElimination(Pass):
         unused = [v for v in graph.initializers.values() if not v.users and v not in graph.outputs]
         for value in unused:
             graph.remove_initializer(value)
-        return PassResult(changed=bool(dead or unused),
-                          stats={"nodes_removed": len(dead), "initializers_removed": len(unused)})
+        return PassResult(
+            changed=bool(dead or unused), stats={"nodes_removed": len(dead), "initializers_removed": len(unused)}
+        )

@@ -11,8 +11,9 @@ rename the graph output (the IR has no rename, and outputs are the model's signa
 
 from __future__ import annotations
 
-from aviatorc.ir import Graph, Node
 from aviatorc.passes.manager import Pass, PassContext, PassResult, register_pass
+
+from aviatorc.ir import Graph, Node
 
 
 def is_identity(node: Node) -> bool:

@@ -14,8 +14,9 @@ alone (folding must not load a model's weights).
 
 from __future__ import annotations
 
-from aviatorc.ir import Graph, fold_constants
 from aviatorc.passes.manager import Pass, PassContext, PassResult, register_pass
+
+from aviatorc.ir import Graph, fold_constants
 
 
 @register_pass

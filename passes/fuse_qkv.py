@@ -162,8 +162,7 @@ def _projection(graph: Graph, node: Node, activations: set[int]) -> Projection |
 def _is_bias_shape(bias: Value, weight: Value, out: Value) -> bool:
     """A bias broadcasts along the output channels only: [N] or [1, ..., 1, N]."""
     shape = bias.type.shape
-    return (0 < len(shape) <= out.type.rank and shape[-1] == weight.type.shape[1]
-            and all(d == 1 for d in shape[:-1]))
+    return 0 < len(shape) <= out.type.rank and shape[-1] == weight.type.shape[1] and all(d == 1 for d in shape[:-1])
 
 
 def _names(projection: Projection) -> Iterator[str]:
@@ -212,8 +211,9 @@ def _groups_by_name(projections: list[Projection]) -> tuple[list[Group], set[int
     return groups, claimed
 
 
-def _groups_by_structure(graph: Graph, projections: list[Projection],
-                         activations: set[int]) -> tuple[list[Group], list[Note]]:
+def _groups_by_structure(
+    graph: Graph, projections: list[Projection], activations: set[int]
+) -> tuple[list[Group], list[Note]]:
     sinks = _attention_operands(graph, activations)
     by_input: dict[int, list[Projection]] = {}
     for projection in projections:
@@ -230,9 +230,13 @@ def _groups_by_structure(graph: Graph, projections: list[Projection],
         if len(members) < 2:  # a lone projection into attention (cross-attention's q) is no near-miss
             continue
         counts = ", ".join(f"{len(found)} {role}" for role, found in roles.items())
-        notes.append(Note(members[0].matmul.name,
-                          f"projections of '{members[0].x.name}' reach attention as {counts}: "
-                          "need exactly one each of q, k and v"))
+        notes.append(
+            Note(
+                members[0].matmul.name,
+                f"projections of '{members[0].x.name}' reach attention as {counts}: "
+                "need exactly one each of q, k and v",
+            )
+        )
     return groups, notes
 
 
@@ -276,9 +280,9 @@ def _search(start: Node, *, forward: bool) -> list[Node]:
 
 def _feeds(node: Node, value: Value | None) -> bool:
     """Whether `value` is computed from `node`'s outputs within SOFTMAX_SEARCH_DEPTH steps."""
-    frontier = [value]
+    frontier: list[Value | None] = [value]
     for _ in range(SOFTMAX_SEARCH_DEPTH):
-        step = []
+        step: list[Value | None] = []
         for v in frontier:
             if v is None or v.producer is None:
                 continue
@@ -299,8 +303,9 @@ def _reached_role(value: Value, sinks: dict[tuple[int, int], str]) -> str | None
             if user.op in ("Shape", "Size"):  # metadata, not data: a reshape elsewhere may read it
                 continue
             if user.op in ("MatMul", "Attention", "Softmax"):
-                roles.update(sinks[(id(user), i)] for i, v in enumerate(user.inputs)
-                             if v is current and (id(user), i) in sinks)
+                roles.update(
+                    sinks[(id(user), i)] for i, v in enumerate(user.inputs) if v is current and (id(user), i) in sinks
+                )
                 continue
             for out in user.outputs:
                 if id(out) not in seen:
@@ -321,8 +326,11 @@ def check(graph: Graph, group: Group, ctx: PassContext) -> Note | None:
     for p in group.projections:
         w = p.weight
         if w.producer is not None and w.producer.op in DEQUANTIZE_OPS:
-            return Note(p.matmul.name, f"{p.role} weight comes from {w.producer.op} '{w.producer.name}': "
-                                       "quantization ran before fusion; run fuse-qkv before quantize")
+            return Note(
+                p.matmul.name,
+                f"{p.role} weight comes from {w.producer.op} '{w.producer.name}': "
+                "quantization ran before fusion; run fuse-qkv before quantize",
+            )
         if not w.is_initializer:
             made_by = f" (computed by {w.producer.op} '{w.producer.name}')" if w.producer else ""
             return Note(p.matmul.name, f"{p.role} weight '{w.name}' is not an initializer{made_by}")
@@ -335,8 +343,9 @@ def check(graph: Graph, group: Group, ctx: PassContext) -> Note | None:
     with_bias = [p for p in group.projections if p.bias is not None]
     without = [p for p in group.projections if p.bias is None]
     if with_bias and without:
-        return Note(with_bias[0].matmul.name,
-                    f"{with_bias[0].role} projection has a bias but {without[0].role} does not")
+        return Note(
+            with_bias[0].matmul.name, f"{with_bias[0].role} projection has a bias but {without[0].role} does not"
+        )
     if with_bias and len({(b.bias.type.dtype, b.bias.type.rank) for b in with_bias if b.bias}) > 1:
         return Note(group.k.matmul.name, "biases have different dtypes or ranks")
     return _check_fits(group, ctx)
@@ -347,16 +356,26 @@ def _check_fits(group: Group, ctx: PassContext) -> Note | None:
     capacity = largest_chiplet_sram_bytes(ctx.target)
     if capacity is None:
         return None
-    k = int(group.q.weight.type.shape[0])  # type: ignore[arg-type]
-    n = sum(int(p.weight.type.shape[1]) for p in group.projections)  # type: ignore[arg-type]
+    k = weight_kn(group.q.weight)[0]
+    n = sum(weight_kn(p.weight)[1] for p in group.projections)
     fmt = storage_format(group.q.weight.type.dtype, ctx.options)
     fused_bytes = fmt.storage_bytes(k, n)
     if fused_bytes <= capacity:
         return None
     target = getattr(ctx.target, "name", "the target")
-    return Note(group.q.matmul.name,
-                f"fused weight of {fused_bytes} bytes ({fmt.name}, [{k}, {n}]) exceeds the largest chiplet "
-                f"SRAM of {capacity} bytes on target {target}")
+    return Note(
+        group.q.matmul.name,
+        f"fused weight of {fused_bytes} bytes ({fmt.name}, [{k}, {n}]) exceeds the largest chiplet "
+        f"SRAM of {capacity} bytes on target {target}",
+    )
+
+
+def weight_kn(weight: Value) -> tuple[int, int]:
+    """[K, N] of a projection weight (initializers have static shapes)."""
+    k, n = weight.type.shape
+    if not isinstance(k, int) or not isinstance(n, int):
+        raise ValueError(f"weight '{weight.name}' has a symbolic shape {weight.type}")
+    return k, n
 
 
 def largest_chiplet_sram_bytes(target: Any) -> int | None:
@@ -399,13 +418,17 @@ class ConcatData:
 
 def concat_data(values: list[Value], axis: int) -> TensorData:
     """The data of concat(values): in memory if they are, lazy if any is, shape-only if any is."""
-    sources = [v.data for v in values]
-    assert all(s is not None for s in sources)
-    if not all(s.available for s in sources):  # type: ignore[union-attr]
+    sources: list[TensorData] = []
+    for value in values:
+        if value.data is None:
+            raise ValueError(f"'{value.name}' is not an initializer")
+        sources.append(value.data)
+    if not all(s.available for s in sources):
         return ShapeOnly("concatenation of shape-only weights " + ", ".join(v.name for v in values))
-    if all(isinstance(s, ArrayData) for s in sources):
-        return ArrayData(np.concatenate([s.array for s in sources], axis=axis))  # type: ignore[union-attr]
-    return ConcatData(tuple(sources), axis)  # type: ignore[arg-type]
+    arrays = [s.array for s in sources if isinstance(s, ArrayData)]
+    if len(arrays) == len(sources):
+        return ArrayData(np.concatenate(arrays, axis=axis))
+    return ConcatData(tuple(sources), axis)
 
 
 def fused_base_name(group: Group) -> str:
@@ -427,22 +450,27 @@ def rewrite(graph: Graph, group: Group) -> Node:
     """Replace the group's three projections by one MatMul (+ Add) and a Split; return the MatMul."""
     projections = group.projections
     weights = [p.weight for p in projections]
-    widths = [int(w.type.shape[1]) for w in weights]  # type: ignore[arg-type]
-    k = weights[0].type.shape[0]
+    widths = [weight_kn(w)[1] for w in weights]
+    k = weight_kn(weights[0])[0]
     order = {id(node): i for i, node in enumerate(graph.nodes)}
     first = min((p.matmul for p in projections), key=lambda n: order[id(n)])
     base = fused_base_name(group)
 
-    w_fused = graph.add_initializer(graph.unique_name(f"{base}.weight"),
-                                    TensorType(weights[0].type.dtype, (k, sum(widths))), concat_data(weights, axis=1))
+    w_fused = graph.add_initializer(
+        graph.unique_name(f"{base}.weight"),
+        TensorType(weights[0].type.dtype, (k, sum(widths))),
+        concat_data(weights, axis=1),
+    )
     matmul = add_op(graph, "MatMul", [group.q.x, w_fused], name=graph.unique_name(base), before=first)
     fused = matmul.outputs[0]
     biases = [p.bias for p in projections if p.bias is not None]
     if biases:
         rank = biases[0].type.rank
-        b_fused = graph.add_initializer(graph.unique_name(f"{base}.bias"),
-                                        TensorType(biases[0].type.dtype, (1,) * (rank - 1) + (sum(widths),)),
-                                        concat_data(biases, axis=-1))
+        b_fused = graph.add_initializer(
+            graph.unique_name(f"{base}.bias"),
+            TensorType(biases[0].type.dtype, (1,) * (rank - 1) + (sum(widths),)),
+            concat_data(biases, axis=-1),
+        )
         fused = add_value(graph, "Add", [fused, b_fused], name=graph.unique_name(f"{base}.add"), before=first)
     sizes = graph.add_constant(np.array(widths, dtype=np.int64), name=f"{base}.split_sizes")
 
@@ -456,12 +484,18 @@ def rewrite(graph: Graph, group: Group) -> Node:
         else:
             _unlink(graph, p.matmul)
     split = Node("Split", [fused, sizes], finals, {"axis": -1}, name=f"{base}.split")
-    graph.nodes.insert(graph.nodes.index(fused.producer) + 1, split)  # type: ignore[arg-type]
+    graph.nodes.insert(graph.nodes.index(_producer(fused)) + 1, split)
 
     for value in weights + biases:
         if not value.users and value not in graph.outputs and value.name in graph.initializers:
             graph.remove_initializer(value)
     return matmul
+
+
+def _producer(value: Value) -> Node:
+    if value.producer is None:
+        raise ValueError(f"'{value.name}' has no producer")
+    return value.producer
 
 
 def _unlink(graph: Graph, node: Node) -> None:
@@ -489,9 +523,16 @@ class FuseQKV(Pass):
             rewrite(graph, group)
             fused += 1
         if not groups and not notes:
-            notes.append(Note(graph.name, "no separate q, k and v projections found "
-                                          "(no attention, or already fused by the exporter)"))
-        stats = {"groups_found": len(groups), "groups_fused": fused,
-                 "by_names": sum(g.found_by == "names" for g in groups),
-                 "by_structure": sum(g.found_by == "structure" for g in groups)}
+            notes.append(
+                Note(
+                    graph.name,
+                    "no separate q, k and v projections found (no attention, or already fused by the exporter)",
+                )
+            )
+        stats = {
+            "groups_found": len(groups),
+            "groups_fused": fused,
+            "by_names": sum(g.found_by == "names" for g in groups),
+            "by_structure": sum(g.found_by == "structure" for g in groups),
+        }
         return PassResult(changed=fused > 0, stats=stats, notes=notes)

@@ -145,8 +145,9 @@ class Attn:
     names: bool = True  # False: anonymous weights, as the ONNX exporter leaves them
 
 
-def attention_block(cfg: Attn, seed: int = 0, *, graph: Graph | None = None, x: Value | None = None,
-                    layer: int = 0, weight_data=None) -> Graph:
+def attention_block(
+    cfg: Attn, seed: int = 0, *, graph: Graph | None = None, x: Value | None = None, layer: int = 0, weight_data=None
+) -> Graph:
     """An attention block with GQA (k/v heads repeated by Concat), a scaled softmax and an MLP
     whose gate and up projections also share an input (two MatMuls that must not fuse)."""
     rng = np.random.default_rng(seed + layer)
@@ -164,8 +165,12 @@ def attention_block(cfg: Attn, seed: int = 0, *, graph: Graph | None = None, x: 
         return g.add_constant(np.asarray(array), name=f"l{layer}_{name}")
 
     def heads(value: Value, n: int, role: str) -> Value:
-        shaped = add_value(g, "Reshape", [value, const([cfg.batch, cfg.seq, n, cfg.head_dim], f"{role}_shape")],
-                           name=f"l{layer}_{role}_reshape")
+        shaped = add_value(
+            g,
+            "Reshape",
+            [value, const([cfg.batch, cfg.seq, n, cfg.head_dim], f"{role}_shape")],
+            name=f"l{layer}_{role}_reshape",
+        )
         return add_value(g, "Transpose", [shaped], {"perm": (0, 2, 1, 3)}, name=f"l{layer}_{role}_heads")
 
     outs = {}
@@ -182,14 +187,19 @@ def attention_block(cfg: Attn, seed: int = 0, *, graph: Graph | None = None, x: 
             outs[role] = add_value(g, "Concat", [outs[role]] * repeat, {"axis": 1}, name=f"l{layer}_{role}_repeat")
     kt = add_value(g, "Transpose", [outs["k"]], {"perm": (0, 1, 3, 2)}, name=f"l{layer}_kt")
     scores = add_value(g, "MatMul", [outs["q"], kt], name=f"l{layer}_scores")
-    scores = add_value(g, "Mul", [scores, const(np.float32(cfg.head_dim ** -0.5), "scale")], name=f"l{layer}_scale")
+    scores = add_value(g, "Mul", [scores, const(np.float32(cfg.head_dim**-0.5), "scale")], name=f"l{layer}_scale")
     probs = add_value(g, "Softmax", [scores], {"axis": -1}, name=f"l{layer}_softmax")
     context = add_value(g, "MatMul", [probs, outs["v"]], name=f"l{layer}_context")
     context = add_value(g, "Transpose", [context], {"perm": (0, 2, 1, 3)}, name=f"l{layer}_merge")
-    context = add_value(g, "Reshape", [context, const([cfg.batch, cfg.seq, cfg.heads * cfg.head_dim], "merge_shape")],
-                        name=f"l{layer}_merge_reshape")
-    h = add_value(g, "MatMul", [context, weight("o_proj.weight", (cfg.heads * cfg.head_dim, cfg.hidden))],
-                  name=f"l{layer}_o_mm")
+    context = add_value(
+        g,
+        "Reshape",
+        [context, const([cfg.batch, cfg.seq, cfg.heads * cfg.head_dim], "merge_shape")],
+        name=f"l{layer}_merge_reshape",
+    )
+    h = add_value(
+        g, "MatMul", [context, weight("o_proj.weight", (cfg.heads * cfg.head_dim, cfg.hidden))], name=f"l{layer}_o_mm"
+    )
     h = add_value(g, "Add", [x, h], name=f"l{layer}_residual")
     gate = add_value(g, "MatMul", [h, weight("gate_proj.weight", (cfg.hidden, 24))], name=f"l{layer}_gate")
     up = add_value(g, "MatMul", [h, weight("up_proj.weight", (cfg.hidden, 24))], name=f"l{layer}_up")
@@ -263,8 +273,10 @@ def test_attention_op_operands_identify_roles():
     g = Graph("attn")
     x = g.add_input("x", TensorType("float32", (1, 3, 8)))
     rng = np.random.default_rng(0)
-    qkv = [add_value(g, "MatMul", [x, g.add_constant(rng.standard_normal((8, w)).astype(np.float32), "w")],
-                     name=f"mm{i}") for i, w in enumerate((8, 4, 4))]
+    qkv = [
+        add_value(g, "MatMul", [x, g.add_constant(rng.standard_normal((8, w)).astype(np.float32), "w")], name=f"mm{i}")
+        for i, w in enumerate((8, 4, 4))
+    ]
     g.outputs = [add_value(g, "Attention", qkv, {"q_num_heads": 2, "kv_num_heads": 1}, name="attention")]
     feed = {"x": rng.standard_normal((1, 3, 8)).astype(np.float32)}
     before = evaluate(g, feed)["attention_out"]
@@ -281,11 +293,19 @@ def already_fused_block() -> Graph:
     g = Graph("gpt2")
     rng = np.random.default_rng(0)
     x = g.add_input("hidden", TensorType("float32", (cfg.batch, cfg.seq, cfg.hidden)))
-    y = add_value(g, "MatMul", [x, g.add_constant(rng.standard_normal((16, 48)).astype(np.float32), "c_attn_w")],
-                  name="c_attn")
-    y = add_value(g, "Add", [y, g.add_constant(rng.standard_normal(48).astype(np.float32), "c_attn_b")], name="c_attn_b")
-    split = g.add_node("Split", [y, g.add_constant(np.array([16, 16, 16]), "sizes")],
-                       [TensorType("float32", (2, 5, 16))] * 3, {"axis": 2}, name="split")
+    y = add_value(
+        g, "MatMul", [x, g.add_constant(rng.standard_normal((16, 48)).astype(np.float32), "c_attn_w")], name="c_attn"
+    )
+    y = add_value(
+        g, "Add", [y, g.add_constant(rng.standard_normal(48).astype(np.float32), "c_attn_b")], name="c_attn_b"
+    )
+    split = g.add_node(
+        "Split",
+        [y, g.add_constant(np.array([16, 16, 16]), "sizes")],
+        [TensorType("float32", (2, 5, 16))] * 3,
+        {"axis": 2},
+        name="split",
+    )
     q, k, v = split.outputs
     scores = add_value(g, "MatMul", [q, add_value(g, "Transpose", [k], {"perm": (0, 2, 1)}, name="kt")], name="scores")
     probs = add_value(g, "Softmax", [scores], name="softmax")
@@ -305,7 +325,9 @@ def test_already_fused_model_is_untouched():
 def test_mlp_pairs_do_not_count_as_attention():
     g = Graph("mlp")
     x = g.add_input("x", TensorType("float32", (2, 8)))
-    ys = [add_value(g, "MatMul", [x, g.add_constant(np.ones((8, 8), np.float32), "w")], name=f"mm{i}") for i in range(3)]
+    ys = [
+        add_value(g, "MatMul", [x, g.add_constant(np.ones((8, 8), np.float32), "w")], name=f"mm{i}") for i in range(3)
+    ]
     g.outputs = [add_value(g, "Sum", ys, name="sum")]
     text = print_graph(g)
     assert not run_fuse(g).changed
@@ -330,29 +352,36 @@ def test_bias_on_k_but_not_q(names):
 
 
 def test_weight_that_is_not_an_initializer():
-    graph = parse_graph(BEFORE.replace(
-        "  %k: float32[2, 3, 8] = MatMul(%h, %layers.0.attn.k_proj.weight) @k_mm",
-        "  %wk: float32[8, 8] = Neg(%layers.0.attn.k_proj.weight) @k_neg\n"
-        "  %k: float32[2, 3, 8] = MatMul(%h, %wk) @k_mm"))
+    graph = parse_graph(
+        BEFORE.replace(
+            "  %k: float32[2, 3, 8] = MatMul(%h, %layers.0.attn.k_proj.weight) @k_mm",
+            "  %wk: float32[8, 8] = Neg(%layers.0.attn.k_proj.weight) @k_neg\n"
+            "  %k: float32[2, 3, 8] = MatMul(%h, %wk) @k_mm",
+        )
+    )
     assert_refused(graph, "k_mm", "k weight 'wk' is not an initializer (computed by Neg 'k_neg')")
 
 
 @pytest.mark.skipif("DequantizeWeight" not in OPS, reason="the quantization ops are not registered")
 def test_weight_through_dequantize_is_left_for_the_pipeline_order():
-    graph = parse_graph(BEFORE.replace(
-        "  %v: float32[2, 3, 8] = MatMul(%h, %layers.0.attn.v_proj.weight) @v_mm",
-        "  %wv: float32[8, 8] = DequantizeWeight(%layers.0.attn.v_proj.weight) "
-        '{format = "fp32", k = 8, n = 8} @v_dq\n'
-        "  %v: float32[2, 3, 8] = MatMul(%h, %wv) @v_mm"))
+    graph = parse_graph(
+        BEFORE.replace(
+            "  %v: float32[2, 3, 8] = MatMul(%h, %layers.0.attn.v_proj.weight) @v_mm",
+            "  %wv: float32[8, 8] = DequantizeWeight(%layers.0.attn.v_proj.weight) "
+            '{format = "fp32", k = 8, n = 8} @v_dq\n'
+            "  %v: float32[2, 3, 8] = MatMul(%h, %wv) @v_mm",
+        )
+    )
     verify(graph)
     assert_refused(graph, "v_mm", "run fuse-qkv before quantize")
 
 
 def test_inputs_differ_cross_attention():
-    graph = parse_graph(BEFORE.replace("input %h: float32[2, 3, 8]", "input %h: float32[2, 3, 8]\n"
-                                       "  input %enc: float32[2, 3, 8]")
-                        .replace("MatMul(%h, %layers.0.attn.k_proj", "MatMul(%enc, %layers.0.attn.k_proj")
-                        .replace("MatMul(%h, %layers.0.attn.v_proj", "MatMul(%enc, %layers.0.attn.v_proj"))
+    graph = parse_graph(
+        BEFORE.replace("input %h: float32[2, 3, 8]", "input %h: float32[2, 3, 8]\n  input %enc: float32[2, 3, 8]")
+        .replace("MatMul(%h, %layers.0.attn.k_proj", "MatMul(%enc, %layers.0.attn.k_proj")
+        .replace("MatMul(%h, %layers.0.attn.v_proj", "MatMul(%enc, %layers.0.attn.v_proj")
+    )
     assert_refused(graph, "k_mm", "inputs differ: k reads 'enc' but q reads 'h'")
 
 
@@ -371,17 +400,25 @@ def test_weights_with_different_dtypes_are_refused_by_check():
 def wide_projections() -> Graph:
     """BEFORE at hidden 256: the fused [256, 1024] fp32 weight is 1 MiB, over the mock
     target's 768 KiB of usable SRAM per chiplet (1 MiB less a quarter reserved)."""
-    text = (BEFORE.replace("8, 16]", "256, 512]").replace("8, 8]", "256, 256]").replace("[2, 3, 8]", "[2, 3, 256]")
-            .replace("[2, 3, 16]", "[2, 3, 512]"))
+    text = (
+        BEFORE.replace("8, 16]", "256, 512]")
+        .replace("8, 8]", "256, 256]")
+        .replace("[2, 3, 8]", "[2, 3, 256]")
+        .replace("[2, 3, 16]", "[2, 3, 512]")
+    )
     return parse_graph(text)
 
 
 def test_fused_weight_larger_than_any_chiplet_is_refused():
     target = load_target("mock")
     assert largest_chiplet_sram_bytes(target) == 786432
-    assert_refused(wide_projections(), "q_mm", "fused weight of 1048576 bytes (fp32, [256, 1024]) exceeds the "
-                                               "largest chiplet SRAM of 786432 bytes on target mock",
-                   PassContext(target=target))
+    assert_refused(
+        wide_projections(),
+        "q_mm",
+        "fused weight of 1048576 bytes (fp32, [256, 1024]) exceeds the "
+        "largest chiplet SRAM of 786432 bytes on target mock",
+        PassContext(target=target),
+    )
 
 
 def test_fused_weight_is_sized_in_the_format_quantize_will_store():

@@ -42,8 +42,10 @@ def fuse_and_compare(graph: Graph, arch: str, how: str) -> None:
     record = run_passes(graph, [get_pass("fuse-qkv")], PassContext())[0]
     after = evaluate(graph, feeds)
     diff = max(float(np.max(np.abs(after[k] - before[k]))) for k in before)
-    print(f"{arch} ({how}): {record.stats['groups_fused']} fused group(s), max abs diff {diff:.3g}; "
-          f"notes: {list(record.notes)}")
+    print(
+        f"{arch} ({how}): {record.stats['groups_fused']} fused group(s), max abs diff {diff:.3g}; "
+        f"notes: {list(record.notes)}"
+    )
     assert record.stats["groups_fused"] == EXPECTED_GROUPS[arch]
     assert record.stats["groups_found"] == EXPECTED_GROUPS[arch]  # nothing found and refused
     assert diff <= TOLERANCE
@@ -60,8 +62,14 @@ def anonymized(graph: Graph) -> Graph:
     keep = {id(v) for v in graph.outputs}
     for i, node in enumerate(graph.nodes):
         names = [v.name if id(v) in keep else f"t{i}_{j}" for j, v in enumerate(node.outputs)]
-        new = copy.add_node(node.op, [mapping[id(v)] if v is not None else None for v in node.inputs],
-                            [v.type for v in node.outputs], node.attrs, name=f"n{i}", output_names=names)
+        new = copy.add_node(
+            node.op,
+            [mapping[id(v)] if v is not None else None for v in node.inputs],
+            [v.type for v in node.outputs],
+            node.attrs,
+            name=f"n{i}",
+            output_names=names,
+        )
         mapping.update({id(old): out for old, out in zip(node.outputs, new.outputs, strict=True)})
     copy.outputs = [mapping[id(v)] for v in graph.outputs]
     return copy

@@ -116,7 +116,9 @@ def test_records_say_what_each_pass_did():
     graph = parse_graph(GRAPH)
     records = run_passes(graph, [get_pass("eliminate-identity"), get_pass("fuse-qkv")], PassContext())
     assert [(r.name, r.changed, r.nodes_before, r.nodes_after) for r in records] == [
-        ("eliminate-identity", True, 2, 1), ("fuse-qkv", False, 1, 1)]
+        ("eliminate-identity", True, 2, 1),
+        ("fuse-qkv", False, 1, 1),
+    ]
     assert records[0].to_dict()["stats"] == {"nodes_removed": 1}
     assert str(Note("mm", "why")) == "mm: why"
 
@@ -126,7 +128,7 @@ def test_print_ir_after_change_prints_only_after_a_change():
     ctx = PassContext(options=CompileOptions(print_ir_after_change=True), log=lines.append)
     run_passes(parse_graph(GRAPH), [get_pass("eliminate-identity"), get_pass("dce")], ctx)
     dumps = [line for line in lines if line.startswith("// IR after")]
-    assert len(dumps) == 1 and dumps[0].startswith("// IR after eliminate-identity\ngraph \"g\" {")
+    assert len(dumps) == 1 and dumps[0].startswith('// IR after eliminate-identity\ngraph "g" {')
     assert "Identity" not in dumps[0]
 
 
