@@ -53,7 +53,7 @@ def main() -> None:
               "| vs greedy | bound ms | gap | resident GiB | streamed GiB | min streamed GiB |")
     print(header)
     for model in args.models.split(","):
-        for fmt_name, fmt in FORMATS.items():
+        for _fmt_name, fmt in FORMATS.items():
             weights, source = weights_for(model, fmt, args.importer)
             for target_name, cards in TARGETS:
                 target = load_target(target_name, cards=cards)

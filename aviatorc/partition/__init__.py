@@ -110,6 +110,6 @@ def _assemble(problem: Problem, where: list[int], cost: int, greedy_cost: int, s
         chiplet_capacity_bytes=problem.capacity_bytes, chiplet_sram_bytes=target.chiplet.sram_bytes,
         resident_bytes=resident, streamed_bytes=streamed, streamed_read_bytes_per_step=streamed_read,
         min_streamed_read_bytes=bound.min_streamed_bytes, layer_costs=tuple(layer_costs(problem, where)),
-        cut_bytes_by_level=tuple(zip((link.name for link in target.links), cut)), solves=tuple(solves),
+        cut_bytes_by_level=tuple(zip((link.name for link in target.links), cut, strict=False)), solves=tuple(solves),
         seed=seed, batch_tokens=problem.batch_tokens)
     return replace(placement, solve_time_s=round(elapsed, 3))

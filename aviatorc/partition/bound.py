@@ -53,7 +53,7 @@ def _knapsack(problem: Problem) -> tuple[float, int]:
     items.sort(reverse=True)
     cost = base
     streamed = float(sum(problem.read_bytes))
-    for density, nbytes, gain, read in items:
+    for _density, nbytes, gain, read in items:
         share = min(1.0, capacity / nbytes) if nbytes else 1.0
         if share <= 0:
             break
@@ -75,7 +75,7 @@ def tree_min_ps(k: int, problem: Problem, edge: tuple[int, int, int]) -> int:
 
 
 def _structure(problem: Problem) -> float:
-    num_c, num_h = problem.num_chiplets, problem.num_cards
+    num_h = problem.num_cards
     if any(problem.stream_ps[t] / num_h < problem.work_ps[t] for t in range(len(problem.tiles))):
         return 0.0
     by_layer: dict[int, list[int]] = {}

@@ -57,7 +57,7 @@ def check_placement(placement: Any, weights: list[WeightSpec], target: Target, *
 
     # Assignment and capacity.
     held = [0] * num_c
-    for index, (tile, w) in enumerate(zip(tiles, where)):
+    for index, (tile, w) in enumerate(zip(tiles, where, strict=False)):
         if not 0 <= w < num_c + target.cards:
             raise PlacementCheckError(f"tile {index} of '{tile.weight}' has no valid location ({w})")
         nbytes = specs[tile.weight].format.storage_bytes(tile.k_stop - tile.k_start, tile.n_stop - tile.n_start)
@@ -82,7 +82,7 @@ def _objective(placement: Any, specs: dict[str, WeightSpec], target: Target, bat
     stream: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     holders: dict[tuple[int, str], set[int]] = defaultdict(set)
     act: dict[tuple[int, str], int] = {}
-    for tile, w in zip(placement.tiles, placement.where):
+    for tile, w in zip(placement.tiles, placement.where, strict=False):
         spec = specs[tile.weight]
         k, n = tile.k_stop - tile.k_start, tile.n_stop - tile.n_start
         nbytes = spec.format.storage_bytes(k, n)

@@ -74,7 +74,7 @@ def place_layers(problem: Problem, solver: Solver | None, *, deadline_s: float |
         sig = signature(problem, tiles)
         relative = templates.get(sig)
         if relative is not None and _fits(problem, tiles, relative, free):
-            chosen = {t: r for t, r in zip(tiles, relative)}
+            chosen = {t: r for t, r in zip(tiles, relative, strict=False)}
             cost = total_cost(problem, _as_where(problem, chosen), tiles)
             solves.append(LayerSolve(layer, "template", cost, cost))
         else:
@@ -109,10 +109,10 @@ def _as_where(problem: Problem, chosen: dict[int, int]) -> list[int]:
 
 def _fits(problem: Problem, tiles: list[int], relative: list[int], free: list[int]) -> bool:
     need = [0] * problem.num_chiplets
-    for t, w in zip(tiles, relative):
+    for t, w in zip(tiles, relative, strict=False):
         if w < problem.num_chiplets:
             need[w] += problem.tile_bytes[t]
-    return all(n <= f for n, f in zip(need, free))
+    return all(n <= f for n, f in zip(need, free, strict=False))
 
 
 def _surely_optimal(problem: Problem, tiles: list[int], hint: list[int], cost: int, free: list[int]) -> bool:

@@ -62,7 +62,7 @@ class Placement:
     def tiles_per_layer(self) -> dict[int, tuple[int, int]]:
         """layer -> (resident tiles, streamed tiles)."""
         out: dict[int, list[int]] = {}
-        for tile, w in zip(self.tiles, self.where):
+        for tile, w in zip(self.tiles, self.where, strict=False):
             counts = out.setdefault(tile.layer, [0, 0])
             counts[0 if w < self.num_chiplets else 1] += 1
         return {layer: (c[0], c[1]) for layer, c in sorted(out.items())}
@@ -95,7 +95,7 @@ class Placement:
             "layers": [
                 {"layer": lc.layer, "resident_tiles": r, "streamed_tiles": s, "compute_ps": lc.compute_ps,
                  "stream_ps": lc.stream_ps, "cut_ps": lc.cut_ps}
-                for lc, (r, s) in zip(self.layer_costs, self.tiles_per_layer().values())
+                for lc, (r, s) in zip(self.layer_costs, self.tiles_per_layer().values(), strict=False)
             ],
             "cut_bytes_per_step": dict(self.cut_bytes_by_level),
             "solves": [{"layer": s.layer, "method": s.method, "cost_ps": s.cost_ps, "greedy_cost_ps": s.greedy_cost_ps}
@@ -104,6 +104,6 @@ class Placement:
                 {"weight": t.weight, "k": [t.k_start, t.k_stop], "n": [t.n_start, t.n_stop],
                  "chiplet" if w < self.num_chiplets else "streamed_from_card":
                      w if w < self.num_chiplets else w - self.num_chiplets}
-                for t, w in zip(self.tiles, self.where)
+                for t, w in zip(self.tiles, self.where, strict=False)
             ],
         }

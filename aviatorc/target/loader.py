@@ -12,10 +12,11 @@ from __future__ import annotations
 import copy
 import difflib
 import math
-import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from aviatorc.errors import TargetError
 from aviatorc.formats import KINDS
@@ -223,7 +224,7 @@ def _build(data: dict[str, Any], file: str) -> Target:
                   for level in LINK_LEVELS)
     # The partitioner charges a link level by how many groups at that level a transfer spans;
     # that is only a lower-cost tree when outer levels are no faster than inner ones.
-    for inner, outer in zip(links, links[1:]):
+    for inner, outer in zip(links, links[1:], strict=False):
         if outer.bytes_per_s > inner.bytes_per_s or outer.latency_s < inner.latency_s:
             raise TargetError(f"link level '{outer.name}' is faster than '{inner.name}' inside it",
                               file=file, key=f"links.{outer.name}",

@@ -23,7 +23,7 @@ FORMATS = [WeightFormat("fp16"), WeightFormat("int8"), WeightFormat("int4", 128)
 def test_split_aligned_covers_and_aligns(length, unit, parts):
     ranges = split_aligned(length, unit, parts)
     assert ranges[0][0] == 0 and ranges[-1][1] == length
-    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
     assert all(start % unit == 0 for start, _ in ranges)
     assert len(ranges) <= parts
     widths = [b - a for a, b in ranges[:-1]]
