@@ -1,5 +1,5 @@
-"""fuse-qkv is exact on the model zoo, imported from ONNX (dynamo exporter, opset 18) and
-through torch.export: outputs before and after agree within 1e-5, and the number of fused
+"""fuse-qkv is exact on the model zoo, imported from ONNX (dynamo exporter at opset 18, legacy
+at 17) and through torch.export: outputs before and after agree within 1e-5, and the number of fused
 groups per model is what the architecture says (one per layer where q, k and v are
 separate; none where the model already fuses them: GPT-2's c_attn, Phi-3's qkv_proj).
 
@@ -75,9 +75,11 @@ def anonymized(graph: Graph) -> Graph:
     return copy
 
 
+@pytest.mark.parametrize("exporter, opset", [("dynamo", 18), ("legacy", 17)])
 @pytest.mark.parametrize("arch", zoo.ZOO_ARCHS)
-def test_fuse_qkv_exact_on_onnx_import(arch, zoo_onnx):  # noqa: F811
-    fuse_and_compare(aviatorc.import_model(zoo_onnx(arch, "dynamo", 18)), arch, "onnx dynamo opset 18")
+def test_fuse_qkv_exact_on_onnx_import(arch, exporter, opset, zoo_onnx):  # noqa: F811
+    graph = aviatorc.import_model(zoo_onnx(arch, exporter, opset))
+    fuse_and_compare(graph, arch, f"onnx {exporter} opset {opset}")
 
 
 @pytest.mark.parametrize("arch", zoo.ZOO_ARCHS)
