@@ -339,7 +339,8 @@ def check(graph: Graph, group: Group, ctx: PassContext) -> Note | None:
     dtypes = {p.weight.type.dtype for p in group.projections}
     if len(dtypes) > 1:
         listing = ", ".join(f"{p.role} {p.weight.type.dtype}" for p in group.projections)
-        return Note(group.k.matmul.name, f"weights have different dtypes ({listing})")
+        odd = next(p for p in group.projections if p.weight.type.dtype != q.weight.type.dtype)
+        return Note(odd.matmul.name, f"weights have different dtypes ({listing})")
     with_bias = [p for p in group.projections if p.bias is not None]
     without = [p for p in group.projections if p.bias is None]
     if with_bias and without:

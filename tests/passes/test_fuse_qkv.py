@@ -393,7 +393,7 @@ def test_weights_with_different_dtypes_are_refused_by_check():
     v_weight.type = TensorType("float16", (8, 8))
     groups, _ = find(graph)
     note = check(graph, groups[0], PassContext())
-    assert note is not None and note.node == "k_mm"
+    assert note is not None and note.node == "v_mm"
     assert note.message == "weights have different dtypes (q float32, k float32, v float16)"
 
 
