@@ -12,6 +12,8 @@ from aviatorc.ir.ops import get_op
 from aviatorc.ir.types import dtype_name
 
 FOLD_MAX_ELEMENTS = 1 << 16  # larger results stay as nodes: folding must not bloat the graph
+# Ops whose inputs are stored formats: folding them would undo quantization or sparsity.
+NEVER_FOLD = frozenset({"DequantizeWeight", "QuantizeActivation"})
 
 
 def fold_constants(graph: Graph) -> int:
@@ -38,6 +40,8 @@ def _np_dtype(value: Value) -> np.dtype:
 
 
 def _fold(node: Node) -> list[np.ndarray] | None:
+    if node.op in NEVER_FOLD:
+        return None
     if node.op == "Shape" and node.inputs[0] is not None and node.inputs[0].type.is_static:
         dims = node.inputs[0].type.shape
         start, end = node.attrs.get("start", 0), node.attrs.get("end", None)
