@@ -85,7 +85,7 @@ class Sparsify2to4(Pass):
                     mask = wanda_mask(w, sq**0.5)
                 elif method == "sparsegpt" and mm_stats:
                     hessian = sum(s.hessian for s in mm_stats)
-                    w, _, _, mask = gptq(w, hessian, None, prune_24=True, config=GPTQConfig())
+                    w, _, _, mask = gptq(w, hessian, None, prune_24=True, config=GPTQConfig(act_order=False))
                 else:
                     mask = magnitude_mask(w)
                 packed = pack_weight(w, fmt, mask=mask)

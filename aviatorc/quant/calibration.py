@@ -41,7 +41,10 @@ class ActivationStats:
         sq = (x_TK**2).sum(axis=0)
         self.sq_norm = sq if self.sq_norm is None else self.sq_norm + sq
         if hessian:
-            h = x_TK.T @ x_TK
+            import torch  # numpy's bundled BLAS is many times slower here for [K, K] products
+
+            xt = torch.from_numpy(x_TK)
+            h = (xt.T @ xt).numpy()
             self.hessian = h if self.hessian is None else self.hessian + h
         self.lo, self.hi = min(self.lo, float(x_TK.min())), max(self.hi, float(x_TK.max()))
         self.pct_lo.append(float(np.percentile(x_TK, 100.0 - percentile)))

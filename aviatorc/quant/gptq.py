@@ -29,8 +29,11 @@ from aviatorc.quant.rtn import PackedWeight, fake_quant, pack_weight, quant_para
 
 @dataclass(frozen=True)
 class GPTQConfig:
-    damp: float = 0.01  # fraction of the mean Hessian diagonal added for stability
-    act_order: bool = False
+    # Measured on all-MiniLM-L6-v2 INT4 g32 (embedding cosine): damp 0.01 0.9808, with act-order
+    # 0.9838, act-order and damp 0.1 0.9874: a few hundred calibration tokens against K up to
+    # 1536 leave H nearly singular, and the stronger damping keeps GPTQ from overfitting them.
+    damp: float = 0.1  # fraction of the mean Hessian diagonal added for stability
+    act_order: bool = True
     block: int = 128  # rows updated lazily together (speed only; same result)
     clip_search: bool = True  # shrink each group's range where that lowers the H-weighted error
 
@@ -138,16 +141,22 @@ def gptq(
 
 
 def _inverse_cholesky_upper(H: np.ndarray) -> np.ndarray:
-    """Upper Cholesky factor of H^-1, adding damping until H is positive definite."""
+    """Upper Cholesky factor of H^-1, adding damping until H is positive definite.
+
+    torch's LAPACK is used: numpy's bundled one measured 6.6 s for one 1536 x 1536 Cholesky
+    on this machine, torch's a few milliseconds."""
+    import torch
+
+    h = torch.from_numpy(H)
     extra = 0.0
     mean_diag = float(np.mean(np.diag(H)))
     for _ in range(8):
-        try:
-            L = np.linalg.cholesky(H + extra * np.eye(H.shape[0]))
-            Hinv = np.linalg.inv(L).T @ np.linalg.inv(L)  # (L L^T)^-1
-            return np.linalg.cholesky(Hinv).T
-        except np.linalg.LinAlgError:
-            extra = max(extra * 10, 1e-4 * mean_diag)
+        L, info = torch.linalg.cholesky_ex(h + extra * torch.eye(h.shape[0], dtype=h.dtype))
+        if int(info) == 0:
+            U, info = torch.linalg.cholesky_ex(torch.cholesky_inverse(L), upper=True)
+            if int(info) == 0:
+                return U.numpy()
+        extra = max(extra * 10, 1e-4 * mean_diag)
     raise np.linalg.LinAlgError("the calibration Hessian is not positive definite even after damping")
 
 

