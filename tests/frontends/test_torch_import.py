@@ -20,7 +20,7 @@ TOL = 1e-5  # fp32 end to end: same math, different summation order
 
 
 def run(graph, *tensors):
-    feeds = {value.name: t.numpy() for value, t in zip(graph.inputs, tensors)}
+    feeds = {value.name: t.numpy() for value, t in zip(graph.inputs, tensors, strict=True)}
     return list(evaluate(graph, feeds).values())
 
 
@@ -30,7 +30,7 @@ def assert_close(graph, module, *tensors, tol=TOL):
     expected = expected if isinstance(expected, tuple) else (expected,)
     got = run(graph, *tensors)
     assert len(got) == len(expected)
-    for g, e in zip(got, expected):
+    for g, e in zip(got, expected, strict=True):
         assert g.shape == tuple(e.shape)
         np.testing.assert_allclose(g, e.numpy(), atol=tol, rtol=0)
 
@@ -191,7 +191,7 @@ def test_dict_inputs_and_several_outputs():
     out = list(evaluate(graph, {"x": x.numpy(), "scale": scale.numpy()}).values())
     with torch.no_grad():
         ref = model(x, scale=scale)
-    for o, r in zip(out, ref):
+    for o, r in zip(out, ref, strict=True):
         np.testing.assert_allclose(o, r.numpy(), atol=TOL)
 
 

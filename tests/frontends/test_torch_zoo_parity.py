@@ -61,8 +61,8 @@ def test_decode_step_with_kv_cache_matches_eager(arch):
     model, inputs = zoo.build_decode_model(arch), zoo.decode_example_inputs(arch)
     tensors = tuple(inputs.values())
     graph = import_torch(model, tensors)
-    got = evaluate(graph, {v.name: t.numpy() for v, t in zip(graph.inputs, tensors)})
+    got = evaluate(graph, {v.name: t.numpy() for v, t in zip(graph.inputs, tensors, strict=True)})
     expected = _eager(model, tensors)
     assert len(got) == len(expected)
-    for out, ref in zip(got.values(), expected):
+    for out, ref in zip(got.values(), expected, strict=True):
         assert np.abs(out - ref.numpy()).max() <= TOL

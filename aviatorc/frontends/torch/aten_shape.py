@@ -41,7 +41,7 @@ def _same(a: Any, b: Any) -> bool:
 def reshape_to(cx: Lowering, x: Value, in_val: Any, out_val: Any) -> Value:
     """Reshape `x` (torch value `in_val`) to `out_val`'s shape, with a constant target when possible."""
     ins, outs = _sizes(cx, in_val), _sizes(cx, out_val)
-    if len(ins) == len(outs) and all(_same(a, b) for a, b in zip(ins, outs)):
+    if len(ins) == len(outs) and all(_same(a, b) for a, b in zip(ins, outs, strict=True)):
         return x
     target: list[Any] = []
     symbolic: list[int] = []

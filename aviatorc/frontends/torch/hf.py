@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aviatorc.errors import ModelFormatError, OptionError
+from aviatorc.errors import AviatorError, ModelFormatError, OptionError
 
 if TYPE_CHECKING:
     import torch
@@ -102,8 +102,7 @@ def import_hf_config(path: str | Path, *, shape_only: bool = True, seq_len: int 
     """
     import torch
 
-    from aviatorc.frontends.torch import import_program
-    from aviatorc.frontends.torch import exporter
+    from aviatorc.frontends.torch import exporter, import_program
 
     path, config = load_config(path)
     for label, size in (("batch", batch), ("seq_len", seq_len)):
@@ -124,13 +123,11 @@ def import_hf_config(path: str | Path, *, shape_only: bool = True, seq_len: int 
     dynamic = {"input_ids": dims or None, "use_cache": None} if dims else None
     try:
         ep = exporter.export(model, (), kwargs, dynamic_shapes=dynamic)
-    except Exception as error:
-        raise error.with_file(str(path)) if hasattr(error, "with_file") else error
-    names = exporter.symbol_names(model, ep, (), dynamic)
-    try:
+        names = exporter.symbol_names(model, ep, (), dynamic)
         graph = import_program(ep, shape_only=shape_only, symbol_names=names, name=type(model).__name__)
-    except Exception as error:
-        raise error.with_file(str(path)) if hasattr(error, "with_file") else error
+    except AviatorError as error:
+        error.with_file(str(path))
+        raise
     graph.metadata["source"] = path.name
     graph.metadata["architecture"] = type(model).__name__
     return graph

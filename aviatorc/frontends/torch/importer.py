@@ -559,7 +559,7 @@ def _settle(cx: Lowering, node: Any, result: Any) -> Any:
             result.type = merged  # only fills dims the rule could not know
         return result
     if isinstance(result, (list, tuple)) and isinstance(val, (list, tuple)):
-        return [_settle_item(cx, node, r, v) for r, v in zip(result, val)]
+        return [_settle_item(cx, node, r, v) for r, v in zip(result, val, strict=False)]
     if result is None and _expr(val) is not None:
         return Sym(_expr(val))
     return result
@@ -583,7 +583,7 @@ def _set_outputs(cx: Lowering, ep: Any, output_node: Any) -> None:
     specs = ep.graph_signature.output_specs
     flat = list(output_node.args[0])
     names = _output_names(ep, sum(1 for s in specs if s.kind == OutputKind.USER_OUTPUT))
-    user = [arg for arg, spec in zip(flat, specs) if spec.kind == OutputKind.USER_OUTPUT]
+    user = [arg for arg, spec in zip(flat, specs, strict=True) if spec.kind == OutputKind.USER_OUTPUT]
     graph = cx.graph
     for index, arg in enumerate(user):
         cx.node = None
