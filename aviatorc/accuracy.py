@@ -141,7 +141,7 @@ def accuracy_report(reference: Any, transformed: Any, batches: Sequence[Mapping[
             y_ref = ref[ref_mm.outputs[0].name]
             own[mm.name].add(y_ref, np.matmul(x, test[mm.input(1).name]))
             in_model[mm.name].add(y_ref, test[mm.outputs[0].name])
-        for ref_out, test_out in zip(reference.outputs, transformed.outputs):
+        for ref_out, test_out in zip(reference.outputs, transformed.outputs, strict=True):
             a, b = ref[ref_out.name], test[test_out.name]
             outputs[ref_out.name].add(a, b)
             cosines[ref_out.name].append(float(cosine(a, b)))

@@ -14,10 +14,10 @@ import fnmatch
 from dataclasses import dataclass
 
 import numpy as np
+from aviatorc.passes.manager import Note
 
 from aviatorc.formats import WeightFormat
 from aviatorc.ir import ArrayData, Graph, Node, ShapeOnly, TensorType, Value, add_value
-from aviatorc.passes.manager import Note
 from aviatorc.quant.rtn import PackedWeight, dequantize, packed_layout, unpack_bits_flat
 
 FLOAT_KINDS = ("fp32", "fp16", "bf16")

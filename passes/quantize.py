@@ -30,10 +30,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
-from aviatorc.errors import OptionError
-from aviatorc.formats import WeightFormat
-from aviatorc.ir import ArrayData, Graph, ShapeOnly, TensorType, add_value
 from aviatorc.passes._weights import (
     LinearWeight,
     add_packed_weight,
@@ -43,6 +39,10 @@ from aviatorc.passes._weights import (
     tile_depth,
 )
 from aviatorc.passes.manager import Note, Pass, PassContext, PassResult, register_pass
+
+from aviatorc.errors import OptionError
+from aviatorc.formats import WeightFormat
+from aviatorc.ir import ArrayData, Graph, ShapeOnly, TensorType, add_value
 from aviatorc.quant.calibration import ActivationStats, check_batches, collect_stats
 from aviatorc.quant.gptq import GPTQConfig, gptq_pack
 from aviatorc.quant.rtn import pack_weight

@@ -23,11 +23,12 @@ than 2:4, and sparsity along N.
 
 from __future__ import annotations
 
+from aviatorc.passes._weights import add_packed_weight, find_linear_weights, target_name, tile_depth
+from aviatorc.passes.manager import Note, Pass, PassContext, PassResult, register_pass
+
 from aviatorc.errors import OptionError
 from aviatorc.formats import WeightFormat
 from aviatorc.ir import Graph
-from aviatorc.passes._weights import add_packed_weight, find_linear_weights, target_name, tile_depth
-from aviatorc.passes.manager import Note, Pass, PassContext, PassResult, register_pass
 from aviatorc.quant.calibration import check_batches, collect_stats
 from aviatorc.quant.gptq import GPTQConfig, gptq
 from aviatorc.quant.rtn import pack_weight

@@ -97,10 +97,11 @@ def configs(quick: bool, language_model: bool) -> list[Config]:
 
 def run_passes_on_linear(w_KN: np.ndarray, x_TK: np.ndarray | None, cfg: Config, name: str) -> tuple[np.ndarray, int, int]:
     """The weight as our passes store it, dequantized by our kernel; stored bytes; fp32 bytes."""
+    from aviatorc.passes.manager import PassContext, get_pass, run_passes
+
     from aviatorc.formats import WeightFormat
     from aviatorc.ir import ArrayData, Graph, TensorType, add_value, get_op
     from aviatorc.options import CompileOptions
-    from aviatorc.passes.manager import PassContext, get_pass, run_passes
 
     k, n = w_KN.shape
     g = Graph("linear")

@@ -33,7 +33,19 @@ import numpy as np
 
 from aviatorc.formats import WeightFormat
 
-_FLOAT_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+# The layout and its reading live beside the DequantizeWeight op (the IR layer); re-exported here.
+from aviatorc.ir.ops.quant import (  # noqa: F401
+    _FLOAT_DTYPES,
+    _np_dtype,
+    dequantize,
+    expand_24,
+    expand_groups,
+    packed_layout,
+    stored_rows,
+    unpack_bits_flat,
+    unpack_nibbles_k,
+)
+
 FP16_TINY = 2.0**-14  # smallest normal fp16: scales below it would lose precision
 
 
@@ -61,40 +73,9 @@ def grid(fmt: WeightFormat) -> Grid:
 # -- layout ------------------------------------------------------------------------------
 
 
-def stored_rows(fmt: WeightFormat, k: int) -> int:
-    """Rows of K actually stored: K, or the kept rows under 2:4."""
-    return math.ceil(k / 4) * 2 if fmt.sparsity == "2:4" else k
-
-
 def group_rows(fmt: WeightFormat, k: int) -> int:
     """Rows (of the stored K) sharing one scale: the whole column for int8, else the group."""
     return fmt.group_size if fmt.grouped else stored_rows(fmt, k)
-
-
-def packed_layout(fmt: WeightFormat, k: int, n: int) -> list[tuple[str, str, tuple[int, ...]] | None]:
-    """(role, dtype, shape) of each stored array in `DequantizeWeight` input order; None where absent."""
-    ks = stored_rows(fmt, k)
-    slots: list[tuple[str, str, tuple[int, ...]] | None] = [None, None, None, None]
-    if fmt.kind in _FLOAT_DTYPES:
-        slots[0] = ("values", _FLOAT_DTYPES[fmt.kind], (ks, n))
-    elif fmt.kind == "int8":
-        slots[0] = ("values", "int8", (ks, n))
-        slots[1] = ("scale", "float16", (n,))
-    else:
-        groups = math.ceil(ks / fmt.group_size)
-        k_pad = groups * fmt.group_size
-        if fmt.bits == 4:
-            slots[0] = ("values", "uint8", (k_pad // 2, n))
-        else:
-            slots[0] = ("values", "int8", (k_pad, n))
-        slots[1] = ("scale", "uint8" if fmt.kind.startswith("mx") else "float16", (groups, n))
-        if fmt.kind == "int4" and not fmt.symmetric:
-            slots[2] = ("zero", "uint8", (math.ceil(groups * n / 2),))
-    if fmt.sparsity == "2:4":
-        slots[3] = ("indices", "uint8", (math.ceil(ks * n / 4),))
-    while slots and slots[-1] is None:
-        slots.pop()
-    return slots
 
 
 def layout_bytes(fmt: WeightFormat, k: int, n: int) -> int:
@@ -104,14 +85,6 @@ def layout_bytes(fmt: WeightFormat, k: int, n: int) -> int:
         if slot is not None:
             total += math.prod(slot[2]) * np.dtype(_np_dtype(slot[1])).itemsize
     return total
-
-
-def _np_dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
 
 
 @dataclass(frozen=True, eq=False)
@@ -140,17 +113,6 @@ def pack_nibbles_k(codes: np.ndarray) -> np.ndarray:
     return (u[0::2] | (u[1::2] << 4)).astype(np.uint8)
 
 
-def unpack_nibbles_k(packed: np.ndarray, signed: bool) -> np.ndarray:
-    """Inverse of pack_nibbles_k: uint8 [Kp/2, N] -> int16 [Kp, N] (sign-extended when `signed`)."""
-    lo = (packed & 0xF).astype(np.int16)
-    hi = (packed >> 4).astype(np.int16)
-    out = np.empty((packed.shape[0] * 2,) + packed.shape[1:], dtype=np.int16)
-    out[0::2], out[1::2] = lo, hi
-    if signed:
-        out = np.where(out >= 8, out - 16, out).astype(np.int16)
-    return out
-
-
 def pack_bits_flat(codes: np.ndarray, bits: int) -> np.ndarray:
     """Flatten row-major and pack `bits`-wide codes (2 or 4) into bytes, first code in the low bits."""
     per_byte = 8 // bits
@@ -161,13 +123,6 @@ def pack_bits_flat(codes: np.ndarray, bits: int) -> np.ndarray:
     for i in range(per_byte):
         out |= flat[:, i] << (bits * i)
     return out
-
-
-def unpack_bits_flat(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
-    per_byte = 8 // bits
-    mask = (1 << bits) - 1
-    parts = [(packed >> (bits * i)) & mask for i in range(per_byte)]
-    return np.stack(parts, axis=1).reshape(-1)[:count].astype(np.uint8)
 
 
 # -- 2:4 compression ---------------------------------------------------------------------
@@ -193,14 +148,6 @@ def compress_24(w_KN: np.ndarray, mask_KN: np.ndarray) -> tuple[np.ndarray, np.n
     order = np.sort(order, axis=1)
     values = np.take_along_axis(w_G4N, order, axis=1).reshape(-1, n)
     return values, order.reshape(-1, n).astype(np.uint8)
-
-
-def expand_24(values_KsN: np.ndarray, idx_KsN: np.ndarray, k: int) -> np.ndarray:
-    """Inverse of compress_24: scatter kept values back to a dense [K, N] with zeros."""
-    ks, n = values_KsN.shape
-    dense = np.zeros((ks // 2, 4, n), values_KsN.dtype)
-    np.put_along_axis(dense, idx_KsN.reshape(-1, 2, n).astype(np.int64), values_KsN.reshape(-1, 2, n), axis=1)
-    return dense.reshape(-1, n)[:k]
 
 
 # -- scales and codes --------------------------------------------------------------------
@@ -288,11 +235,6 @@ def fake_quant(x: np.ndarray, scale: np.ndarray, zero: np.ndarray, fmt: WeightFo
     return ((quantize_codes(x, scale, zero, fmt) - zero) * scale).astype(np.float32)
 
 
-def expand_groups(p_GN: np.ndarray, rows: int, g: int) -> np.ndarray:
-    """Per-group parameters repeated to per-row, cut to `rows`."""
-    return np.repeat(p_GN, g, axis=0)[:rows]
-
-
 # -- pack and dequantize -----------------------------------------------------------------
 
 
@@ -348,39 +290,6 @@ def _trim(arrays: tuple[np.ndarray | None, ...]) -> tuple[np.ndarray | None, ...
     while items and items[-1] is None:
         items.pop()
     return tuple(items)
-
-
-def dequantize(arrays: tuple[np.ndarray | None, ...] | list[np.ndarray | None], fmt: WeightFormat,
-               k: int, n: int) -> np.ndarray:
-    """The float32 [K, N] weight the stored arrays stand for (the `DequantizeWeight` kernel)."""
-    arrays = list(arrays) + [None] * (4 - len(arrays))
-    values, scale, zero, indices = arrays
-    ks = stored_rows(fmt, k)
-    if fmt.kind in _FLOAT_DTYPES:
-        w = values.astype(np.float32)
-    elif fmt.kind == "int8":
-        w = values.astype(np.float32) * scale.astype(np.float32)[None, :]
-    else:
-        g = fmt.group_size
-        if fmt.bits == 4:
-            codes = unpack_nibbles_k(values, signed=fmt.kind == "mxint4" or fmt.symmetric)
-        else:
-            codes = values.astype(np.int16)
-        rows = codes.shape[0]
-        if fmt.kind.startswith("mx"):
-            s = np.exp2(scale.astype(np.float32) - 127.0)
-            z = np.zeros_like(s)
-        else:
-            s = scale.astype(np.float32)
-            z = np.zeros_like(s)
-            if not fmt.symmetric:
-                z = unpack_bits_flat(zero, 4, s.size).reshape(s.shape).astype(np.float32)
-        w = (codes.astype(np.float32) - expand_groups(z, rows, g)) * expand_groups(s, rows, g)
-        w = w[:ks]
-    if fmt.sparsity == "2:4":
-        idx = unpack_bits_flat(indices, 2, ks * n).reshape(ks, n)
-        w = expand_24(w, idx, k)
-    return np.ascontiguousarray(w[:k], dtype=np.float32)
 
 
 def rtn(w_KN: np.ndarray, fmt: WeightFormat, *, mask: np.ndarray | None = None,

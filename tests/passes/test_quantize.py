@@ -7,13 +7,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from aviatorc.passes.manager import PassContext, get_pass, run_passes
 
 from aviatorc.accuracy import accuracy_report
 from aviatorc.errors import OptionError
 from aviatorc.formats import WeightFormat
 from aviatorc.ir import evaluate
 from aviatorc.options import CompileOptions
-from aviatorc.passes.manager import PassContext, get_pass, run_passes
 from tests.quant.tiny_models import correlated_inputs, lm_batches, single_linear, tiny_lm
 
 
