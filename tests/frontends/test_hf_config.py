@@ -131,3 +131,21 @@ def test_bad_configs(tmp_path):
         import_hf_config(tmp_path / "config.json")
     with pytest.raises(OptionError, match="seq_len"):
         import_hf_config(write(tmp_path, LLAMA), seq_len=0)
+
+
+def test_encoder_without_architectures_imports_the_bare_encoder(tmp_path):
+    config = {k: v for k, v in BERT.items() if k != "architectures"}
+    graph = import_hf_config(write(tmp_path, config))
+    assert graph.metadata["architecture"] == "BertModel"
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "phi3", "opt"])
+def test_zoo_configs_import_shape_only(tmp_path, arch):
+    from aviatorc import zoo
+
+    config = zoo.config(arch).to_dict()
+    graph = import_hf_config(write(tmp_path, config))
+    assert graph.inputs[0].type.shape == ("batch", "seq")
+    assert graph.outputs[0].type.shape == ("batch", "seq", zoo.VOCAB_SIZE)
+    assert graph.op_census()["Attention"] == zoo.LAYERS
+    assert all(isinstance(v.data, ShapeOnly) for v in weights(graph).values())

@@ -7,7 +7,7 @@ a 70B-parameter model is planned in about half a gigabyte of memory.
 Batch and sequence length are symbolic by default (`torch.export.Dim("batch")`,
 `Dim("seq")`, which torch.export handles on the meta device); pass ints for static sizes.
 The architecture is the config's `architectures[0]` when `transformers` has that class,
-else `AutoModelForCausalLM`, else `AutoModel` (encoders such as BERT).
+else `AutoModel` for encoder-only model types (BERT), else `AutoModelForCausalLM`.
 """
 
 from __future__ import annotations
@@ -26,6 +26,11 @@ if TYPE_CHECKING:
 # Example sizes for symbolic dims: distinct from each other and from every static dim
 # a model is likely to have, so torch.export does not unify them (sizes 0 and 1 are
 # specialized by torch.export, so neither may be 1).
+# Encoder-only model types: without `architectures`, these import as the bare encoder
+# (AutoModel), not as the causal-LM head transformers can bolt onto some of them.
+ENCODERS = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2",
+                      "mpnet", "camembert", "ernie", "modernbert"})
+
 EXAMPLE_BATCH = 2
 EXAMPLE_SEQ = 7
 
@@ -65,6 +70,8 @@ def build_meta_model(config: dict[str, Any], *, on_meta: bool = True, seed: int 
     with context:
         if model_class is not None:
             model = model_class(cfg)
+        elif config["model_type"] in ENCODERS:
+            model = transformers.AutoModel.from_config(cfg)
         else:
             try:
                 model = transformers.AutoModelForCausalLM.from_config(cfg)
