@@ -1,12 +1,13 @@
 """Benchmark: shape-only import of Llama-3 `config.json` files at full size.
 
-For each model, writes its `config.json` (from `aviatorc.models.llama_config`) to a temporary
+For each model (aviatorc.models: Llama-3-8B, Llama-3-70B, a dense 123B Llama-architecture
+model), writes its `config.json` (from `aviatorc.models.llama_config`) to a temporary
 folder and runs `aviatorc inspect --json` on it in a fresh subprocess, measuring wall time
 and the child's peak RSS (`getrusage(RUSAGE_CHILDREN).ru_maxrss`, one child per
 measurement). Prints a table and writes `tools/results/bench_import.md`.
 
-    python tools/bench_import.py                    # llama-3-8b and llama-3-70b
-    python tools/bench_import.py --models dense-120b
+    python tools/bench_import.py                    # llama-3-8b, llama-3-70b, dense-120b
+    python tools/bench_import.py --models llama-3-8b
     python tools/bench_import.py --static           # batch 1, seq 128 instead of symbolic
 
 Goal (from the design): Llama-3-8B in under 60 s and 2 GB.
@@ -78,7 +79,7 @@ def measure(name: str, folder: Path, static: bool, use_cli: bool) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["llama-3-8b", "llama-3-70b"], choices=MODEL_NAMES)
+    parser.add_argument("--models", nargs="+", default=list(MODEL_NAMES), choices=MODEL_NAMES)
     parser.add_argument("--static", action="store_true", help="batch 1, seq 128 instead of symbolic dims")
     parser.add_argument("--no-cli", action="store_true", help="import in-process code instead of `aviatorc inspect`")
     parser.add_argument("--no-write", action="store_true", help="do not write tools/results/bench_import.md")

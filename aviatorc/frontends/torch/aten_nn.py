@@ -9,6 +9,7 @@ mask, causal); both are top-left aligned when there is no KV cache.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -257,9 +258,10 @@ def var(cx: Lowering, node: Any) -> Value:
     x = cx.value(a["self"], dtype)
     axes = _axes(a.get("dim"), x.type.rank) or list(range(x.type.rank))
     sizes = [x.type.shape[i] for i in axes]
-    if not all(isinstance(s, int) for s in sizes):
+    static = [s for s in sizes if isinstance(s, int)]
+    if len(static) != len(sizes):
         raise Unsupported(f"{node.target} over a symbolic dim")
-    n = int(np.prod(sizes))
+    n = math.prod(static)
     correction = a.get("correction")
     if correction is None:
         correction = 1 if a.get("unbiased", True) else 0
