@@ -92,7 +92,6 @@ def exclusion(model: Any) -> str:
         return ""
 
     graph = model.graph
-    runtime_inputs = {i.name for i in graph.input} - {t.name for t in graph.initializer}
     for info in list(graph.input) + list(graph.output):
         reason = tensor_reason(info.type, info.name)
         if reason:
@@ -108,8 +107,6 @@ def exclusion(model: Any) -> str:
                 return f"element type {onnx.TensorProto.DataType.Name(attr.i)} is outside the IR"
             if node.op_type == "Constant" and attr.name in ("sparse_value", "value_string", "value_strings"):
                 return f"Constant {attr.name} is outside the IR"
-        if node.op_type.startswith("Reduce") and len(node.input) > 1 and node.input[1] in runtime_inputs:
-            return "Reduce axes fed at run time (the IR takes constant axes by design)"
         if node.op_type == "Dropout" and len(node.input) > 2 and node.input[2]:
             return "training-mode Dropout (random) is out of scope"
     return ""

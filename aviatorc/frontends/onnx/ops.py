@@ -321,10 +321,15 @@ def _const_ints(ctx: NodeContext, index: int, what: str) -> tuple[int, ...] | No
 
 @converts("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceSumSquare")
 def reduce(ctx: NodeContext) -> list[Value]:
-    """Reduce*: axes given as an input (opset 18; ReduceSum from 13) become the axes attribute."""
+    """Reduce*: constant axes given as an input (opset 18; ReduceSum from 13) become the axes
+    attribute; axes computed at run time stay an input."""
     attrs = dict(ctx.attrs)
-    if "axes" not in attrs:
-        attrs["axes"] = _const_ints(ctx, 1, "axes") or ()
+    axes = ctx.input(1) if len(ctx.inputs()) > 1 else None
+    if "axes" in attrs or axes is None:
+        return ctx.emit(ctx.op_type, [ctx.input(0)], attrs, final=True)
+    if ctx.const(1) is None:
+        return ctx.emit(ctx.op_type, [ctx.input(0), axes], attrs, final=True)
+    attrs["axes"] = _const_ints(ctx, 1, "axes") or ()
     return ctx.emit(ctx.op_type, [ctx.input(0)], attrs, final=True)
 
 

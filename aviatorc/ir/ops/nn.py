@@ -123,7 +123,18 @@ def rms_norm(ins: list[Any], attrs: dict[str, Any]) -> list[np.ndarray]:
 
 def _reduce_rule(ctx: InferContext) -> list[TensorType]:
     x = ctx.type(0)
-    axes = _reduce_axes(ctx.attrs, x.rank)
+    attrs = dict(ctx.attrs)
+    if ctx.has(1):  # axes fed as an input: known when constant
+        axes_value = ctx.const(1)
+        if axes_value is None:
+            count = ctx.type(1).shape[0] if ctx.type(1).rank == 1 else None
+            if ctx.attrs["keepdims"]:
+                return [TensorType(x.dtype, (None,) * x.rank)]
+            if not isinstance(count, int):
+                raise ModelFormatError("reduction axes of unknown count with keepdims=0 give an unknown rank")
+            return [TensorType(x.dtype, (None,) * (x.rank - count))]
+        attrs["axes"] = tuple(int(a) for a in np.asarray(axes_value).reshape(-1))
+    axes = _reduce_axes(attrs, x.rank)
     if axes is None:
         return [x]
     if ctx.attrs["keepdims"]:
@@ -144,18 +155,22 @@ def _reduce_axes(attrs: dict[str, Any], rank: int) -> tuple[int, ...] | None:
 def _reduction(name: str, fn: Any) -> None:
     def kernel(ins: list[Any], attrs: dict[str, Any]) -> list[np.ndarray]:
         x = ins[0]
+        if len(ins) > 1 and ins[1] is not None:
+            attrs = dict(attrs, axes=tuple(int(a) for a in ins[1]))
         axes = _reduce_axes(attrs, x.ndim)
         if axes is None:
             return [x]
         if x.size == 0 and name in ("ReduceMax", "ReduceMin"):
             fill = -np.inf if name == "ReduceMax" else np.inf
+            if x.dtype == np.bool_:  # the identity of max over bools is False, of min True
+                fill = name == "ReduceMin"
             shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
             out = np.full(shape, fill).astype(x.dtype)
             return [out if attrs["keepdims"] else out.reshape([d for i, d in enumerate(x.shape) if i not in axes])]
         return [np.asarray(fn(x, axis=axes, keepdims=bool(attrs["keepdims"]))).astype(x.dtype)]
 
-    kernel.__doc__ = f"{name}(x) over `axes` (all when empty, unless noop_with_empty_axes)."
-    register(name, inputs=1, infer=_reduce_rule, attrs={"axes": (), "keepdims": 1, "noop_with_empty_axes": 0})(kernel)
+    kernel.__doc__ = f"{name}(x, axes?) over `axes` (input or attribute; all when empty, unless noop_with_empty_axes)."
+    register(name, inputs=(1, 2), infer=_reduce_rule, attrs={"axes": (), "keepdims": 1, "noop_with_empty_axes": 0})(kernel)
 
 
 for _name, _fn in {
