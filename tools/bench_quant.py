@@ -86,6 +86,13 @@ def configs(quick: bool, language_model: bool) -> list[Config]:
     ]
     if language_model:
         rows.insert(7, Config("INT4 g32 sym (GPTQ), lm_head FP16", "int4", 32, method="gptq", keep_fp16=("lm_head",)))
+    if language_model and not quick:
+        # SmolLM2 (30 layers + a 49,152-wide lm_head) runs the rows the goals name, to fit the
+        # shared 2-core machine's time.
+        keep = ("INT8 per channel (RTN)", "INT4 g32 sym (RTN)", "INT4 g32 sym (GPTQ)", "INT4 g32 asym (GPTQ)",
+                "INT4 g32 sym (GPTQ), lm_head FP16", "MXINT4 b32 (GPTQ)", "2:4 magnitude",
+                "2:4 SparseGPT (activation-aware, weight updates)", "2:4 SparseGPT + INT8 (RTN)")
+        rows = [r for r in rows if r.label in keep]
     if quick:
         keep = ("INT8 per channel (RTN)", "INT4 g32 sym (RTN)", "INT4 g32 sym (GPTQ)", "2:4 SparseGPT (activation-aware, weight updates)")
         rows = [r for r in rows if r.label in keep]
@@ -258,8 +265,17 @@ def minilm_onnxruntime(model, tok, enc, reference: np.ndarray) -> list[dict]:
         fp32_path = Path(tmp) / "minilm.onnx"
         names = ["input_ids", "attention_mask", "token_type_ids"]
         dyn = {n: {0: "batch", 1: "seq"} for n in names} | {"last_hidden_state": {0: "batch", 1: "seq"}}
-        # Keyword inputs: positional ones collide with BertModel.forward's newer arguments.
-        torch.onnx.export(model, (), str(fp32_path), kwargs={n: enc[n] for n in names}, input_names=names,
+
+        class Wrapped(torch.nn.Module):  # fixed positional inputs: BertModel.forward's own collide under tracing
+            def __init__(self, inner):
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, input_ids, attention_mask, token_type_ids):
+                return self.inner(input_ids=input_ids, attention_mask=attention_mask,
+                                  token_type_ids=token_type_ids).last_hidden_state
+
+        torch.onnx.export(Wrapped(model), tuple(enc[n] for n in names), str(fp32_path), input_names=names,
                           output_names=["last_hidden_state"], dynamic_axes=dyn, opset_version=17, dynamo=False)
         feeds = {n: enc[n].numpy().astype(np.int64) for n in names}
 
