@@ -12,7 +12,7 @@ See docs/partition.md.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from aviatorc.partition.bound import lower_bound
 from aviatorc.partition.check import PlacementCheckError, check_placement
@@ -24,8 +24,45 @@ from aviatorc.partition.problem import Problem, build_problem, layer_costs
 from aviatorc.partition.tiling import Tile, WeightSpec, tile_weights
 from aviatorc.target import Target
 
-__all__ = ["LayerSolve", "Placement", "PlacementCheckError", "Problem", "Tile", "WeightSpec", "make_problem",
-           "partition"]
+__all__ = ["LayerSolve", "Placement", "PlacementCheckError", "Problem", "SolveBudget", "Tile", "WeightSpec",
+           "make_problem", "partition", "solve_budget"]
+
+
+@dataclass(frozen=True)
+class SolveBudget:
+    """How much solving `time_limit_s` buys, in load-independent units.
+
+    `max_solves` CP-SAT layer solves, each stopped after `deterministic_time_per_solve` of
+    CP-SAT's deterministic time (work units calibrated to about a second of one core, the same
+    on a busy machine as on an idle one). The wall limits are safety nets only, generous enough
+    that a healthy run never meets them; when one fires the placement carries a warning.
+    """
+
+    max_solves: int
+    deterministic_time_per_solve: float
+    wall_limit_per_solve_s: float
+    wall_limit_s: float
+
+
+MAX_SOLVES = 6
+# Deterministic time units per wall second, measured on the 2 shared cores this was tuned on: one
+# unit took 3-6 s of wall time on 6k-25k-boolean layer models (presolve and model loading run
+# at a fraction of the rate the units assume). Only used to size the budget, never read from a clock.
+UNITS_PER_WALL_S = 0.2
+# Larger layer models are not worth solving: at 25k booleans CP-SAT spent 7-20 s returning the
+# hint or UNKNOWN (DESIGN.md: a complete hint comes back but is improved by 0.1% at most).
+MAX_SOLVER_BOOLEANS = 12_000
+
+
+def solve_budget(time_limit_s: float) -> SolveBudget:
+    """The budget for `time_limit_s`: `MAX_SOLVES` solves sharing half of it, converted to
+    deterministic units at `UNITS_PER_WALL_S` (at least 0.05 units each; the other half is left
+    for tiling, the greedy passes, the bound and the checker). The safety nets: 10x a solve's
+    expected wall time (at least 10 s) per solve, and 5x the whole limit (at least 60 s) for
+    starting any further solve."""
+    share_s = time_limit_s / (2 * MAX_SOLVES)
+    per_solve = max(0.05, share_s * UNITS_PER_WALL_S)
+    return SolveBudget(MAX_SOLVES, per_solve, max(10.0, 10 * share_s), max(60.0, 5 * time_limit_s))
 
 
 def make_problem(weights: list[WeightSpec], target: Target, *, batch_tokens: int = 1,
@@ -47,23 +84,34 @@ def partition(weights: list[WeightSpec], target: Target, *, time_limit_s: float 
               check: bool = True, deterministic: bool = True) -> Placement:
     """Place every weight tile on `target`: resident on a chiplet or (with `streaming`) streamed.
 
-    `time_limit_s` is split into deterministic time budgets for the layer solves (so the same
-    input gives the same placement; `deterministic=False` trades that for CP-SAT's racing
-    portfolio); layers still unsolved when it has passed keep their greedy
-    or template placement.
+    `time_limit_s` buys a fixed number of CP-SAT solves with a deterministic time each
+    (`solve_budget`), so the same input and options give the same placement on a loaded machine
+    as on an idle one. Wall-clock limits are safety nets only; when one fires, the placement's
+    `warnings` say so. `deterministic=False` trades reproducibility for CP-SAT's racing portfolio.
     """
     started = time.monotonic()
     explain_infeasible(weights, target, streaming=streaming)
     problem = make_problem(weights, target, batch_tokens=batch_tokens, tiles_per_weight=tiles_per_weight)
-    per_solve = max(0.2, time_limit_s / 10)
+    budget = solve_budget(time_limit_s)
+    warnings: list[str] = []
 
     def solver(prob: Problem, tiles: list[int], free: list[int], hint: list[int]) -> tuple[list[int] | None, str]:
-        result = solve_layer(prob, tiles, free, hint, seed=seed, deterministic_time=per_solve,
-                             wall_limit_s=max(5.0, 3 * per_solve), deterministic=deterministic)
+        chiplets = _neighbourhood(prob, tiles, hint)
+        if len(tiles) * len(chiplets) > MAX_SOLVER_BOOLEANS:
+            return None, "skipped"
+        result = solve_layer(prob, tiles, free, hint, seed=seed, deterministic_time=budget.deterministic_time_per_solve,
+                             wall_limit_s=budget.wall_limit_per_solve_s, deterministic=deterministic,
+                             chiplets=chiplets)
+        if result.wall_limited:
+            layer = prob.tiles[tiles[0]].layer
+            warnings.append(f"layer {layer}: CP-SAT stopped by its wall-clock safety net "
+                            f"({budget.wall_limit_per_solve_s:.0f} s) before its deterministic budget, "
+                            "so this result depends on timing")
         return result.where, result.status
 
     greedy = place_layers(problem, None)
-    solved = place_layers(problem, solver, deadline_s=time_limit_s)
+    solved = place_layers(problem, solver, max_solves=budget.max_solves, wall_limit_s=budget.wall_limit_s)
+    warnings += solved.warnings
     best = solved if solved.cost_ps < greedy.cost_ps else greedy
     if best is solved and solved.statuses and any(m.startswith("cpsat") for m in (s.method for s in solved.solves)):
         status = "optimal" if all(s == "optimal" for s in solved.statuses) else "feasible"
@@ -76,9 +124,20 @@ def partition(weights: list[WeightSpec], target: Target, *, time_limit_s: float 
                               file=target.source, hint="enable streaming, or use a finer tiling or more cards")
     placement = _assemble(problem, best.where, best.cost_ps, greedy.cost_ps, status, best.solves, seed,
                           time.monotonic() - started)
+    placement = replace(placement, warnings=tuple(warnings))
     if check:
         check_placement(placement, weights, target, batch_tokens=batch_tokens)
     return placement
+
+
+def _neighbourhood(problem: Problem, tiles: list[int], hint: list[int]) -> list[int]:
+    """The chiplets CP-SAT may use for a layer: every chiplet on the cards the greedy layer uses
+    (all of them when it streams everything). Moving a layer to other cards is the greedy's job."""
+    target = problem.target
+    cards = {target.card_of(hint[t]) for t in tiles if hint[t] < problem.num_chiplets}
+    if not cards:
+        return list(range(problem.num_chiplets))
+    return [c for c in range(problem.num_chiplets) if target.card_of(c) in cards]
 
 
 def _assemble(problem: Problem, where: list[int], cost: int, greedy_cost: int, status: str,

@@ -7,7 +7,8 @@ when CP-SAT returns no solution in its time, the caller keeps the greedy one.
 
 Determinism: a fixed seed, a deterministic time limit (work units, not wall seconds) and
 interleaved search (CP-SAT's deterministic parallel mode, independent of timing); the wall
-clock limit is a safety net several times larger that a healthy run never reaches.
+clock limit is a safety net several times larger that a healthy run never reaches. When it
+does fire, the result says so (`wall_limited`) and the partitioner records a warning.
 `deterministic=False` lets the two workers race (a portfolio): on Llama-3-8B it found a
 0.7% better layer where interleaved search found none in the same work budget.
 """
@@ -27,11 +28,14 @@ class SolveResult:
     objective_ps: int
     best_bound_ps: float
     wall_s: float
+    wall_limited: bool = False  # the wall-clock safety net stopped it (timing decided the result)
 
 
 def solve_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[int], hint: Sequence[int], *,
                 seed: int = 0, deterministic_time: float = 2.0, wall_limit_s: float = 30.0,
-                deterministic: bool = True) -> SolveResult:
+                deterministic: bool = True, chiplets: Sequence[int] | None = None) -> SolveResult:
+    """Improve on `hint` for `tiles`; with `chiplets`, tiles may only be resident on those
+    (a neighbourhood of the hint: it must hold every chiplet the hint uses)."""
     from ortools.sat.python import cp_model
 
     # -- data ----------------------------------------------------------------------------------
@@ -39,14 +43,14 @@ def solve_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[int
     num_c, num_h = problem.num_chiplets, problem.num_cards
     tiles = sorted(tiles)
     groups = sorted({problem.group_of[t] for t in tiles})
-    chiplets = range(num_c)
+    chiplets = sorted(set(range(num_c) if chiplets is None else chiplets))
 
     model = cp_model.CpModel()
     # -- variables -----------------------------------------------------------------------------
     x = {(t, c): model.new_bool_var(f"x{t}_{c}") for t in tiles for c in chiplets
          if problem.tile_bytes[t] <= free_bytes[c]}
     s = {(t, h): model.new_bool_var(f"s{t}_{h}") for t in tiles for h in range(num_h)}
-    u = {(g, c): model.new_bool_var(f"u{g}_{c}") for g in groups for c in chiplets}
+    u = {(g, c): model.new_bool_var(f"u{g}_{c}") for g in groups for c in chiplets}  # g's activation goes to c
     p = {(g, k): model.new_bool_var(f"p{g}_{k}") for g in groups for k in range(target.num_packages)}
     q = {(g, h): model.new_bool_var(f"q{g}_{h}") for g in groups for h in range(num_h)}
     y = {g: model.new_bool_var(f"y{g}") for g in groups}
@@ -91,7 +95,7 @@ def solve_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[int
     model.minimize(sum(terms))
 
     # -- hint: the greedy assignment, complete -------------------------------------------------
-    _hint(model, problem, tiles, groups, hint, x, s, u, p, q, y, max_load, max_stream)
+    _hint(model, problem, tiles, groups, chiplets, hint, x, s, u, p, q, y, max_load, max_stream)
 
     # -- solve ---------------------------------------------------------------------------------
     solver = cp_model.CpSolver()
@@ -104,21 +108,28 @@ def solve_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[int
     # and share solutions as they come: sometimes better plans, not always the same ones.
     params.interleave_search = deterministic
     params.log_search_progress = False
+    # Symmetry detection alone spent the whole deterministic budget on 64-chiplet layers (and
+    # then returned UNKNOWN); the hint is complete, so search from it instead.
+    params.symmetry_level = 0
     code = solver.solve(model)
     status = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
               cp_model.INFEASIBLE: "infeasible"}.get(code, "unknown")
+    # Stopped before its deterministic budget and before proving optimality: the wall clock did it.
+    wall_limited = (status not in ("optimal", "infeasible") and solver.wall_time >= 0.99 * wall_limit_s
+                    and solver.deterministic_time < deterministic_time)
 
     # -- extract -------------------------------------------------------------------------------
     if status not in ("optimal", "feasible"):
-        return SolveResult(None, status, 0, solver.best_objective_bound, solver.wall_time)
+        return SolveResult(None, status, 0, solver.best_objective_bound, solver.wall_time, wall_limited)
     where = [-1] * len(problem.tiles)
     for t in tiles:
         chosen = [c for c in chiplets if (t, c) in x and solver.value(x[t, c])]
         where[t] = chosen[0] if chosen else num_c + next(h for h in range(num_h) if solver.value(s[t, h]))
-    return SolveResult(where, status, round(solver.objective_value), solver.best_objective_bound, solver.wall_time)
+    return SolveResult(where, status, round(solver.objective_value), solver.best_objective_bound, solver.wall_time,
+                       wall_limited)
 
 
-def _hint(model, problem, tiles, groups, hint, x, s, u, p, q, y, max_load, max_stream) -> None:  # type: ignore[no-untyped-def]
+def _hint(model, problem, tiles, groups, chiplets, hint, x, s, u, p, q, y, max_load, max_stream) -> None:  # type: ignore[no-untyped-def]
     target = problem.target
     num_c = problem.num_chiplets
     used: dict[int, set[int]] = {g: set() for g in groups}
@@ -126,7 +137,7 @@ def _hint(model, problem, tiles, groups, hint, x, s, u, p, q, y, max_load, max_s
     stream = [0] * problem.num_cards
     for t in tiles:
         w = hint[t]
-        for c in range(num_c):
+        for c in chiplets:
             if (t, c) in x:
                 model.add_hint(x[t, c], w == c)
         for h in range(problem.num_cards):
@@ -140,7 +151,7 @@ def _hint(model, problem, tiles, groups, hint, x, s, u, p, q, y, max_load, max_s
         chips = used[g]
         packages = {target.package_of(c) for c in chips}
         cards = {target.card_of(c) for c in chips}
-        for c in range(num_c):
+        for c in chiplets:
             model.add_hint(u[g, c], c in chips)
         for k in range(target.num_packages):
             model.add_hint(p[g, k], k in packages)

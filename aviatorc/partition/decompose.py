@@ -12,6 +12,10 @@ each given the SRAM the layers before it left free:
    identical blocks is solved a handful of times (where SRAM runs out, and once streamed).
 3. Each solve: the greedy layer placement, then CP-SAT hinted with it; the better is kept,
    so a layer is never worse than its greedy placement.
+4. Budget: at most `max_solves` CP-SAT solves, the first ones in placement order; later
+   layers keep their greedy placement. A count, not a clock, so the result depends on the
+   input only. `wall_limit_s` is a safety net: past it no further solve starts and the
+   result carries a warning saying so (the only way timing can change a placement).
 
 The pure greedy run (same order, same templates, no CP-SAT) is the baseline the result is
 compared with, and the final answer is never worse than it.
@@ -36,6 +40,7 @@ class Decomposed:
     cost_ps: int
     solves: list[LayerSolve]
     statuses: list[str]  # CP-SAT statuses of the solves that ran
+    warnings: list[str]  # a wall-clock safety net fired: this result depended on timing
 
 
 def layer_units(problem: Problem) -> list[list[int]]:
@@ -60,15 +65,21 @@ def signature(problem: Problem, tiles: list[int]) -> tuple:
     return tuple(parts)
 
 
-def place_layers(problem: Problem, solver: Solver | None, *, deadline_s: float | None = None) -> Decomposed:
-    """Place every layer in order; `solver` improves on greedy, None gives the pure greedy run."""
-    start = time.monotonic()
+def place_layers(problem: Problem, solver: Solver | None, *, max_solves: int | None = None,
+                 wall_limit_s: float | None = None) -> Decomposed:
+    """Place every layer in order; `solver` improves on greedy, None gives the pure greedy run.
+
+    At most `max_solves` layers (None: all) go to the solver. `wall_limit_s` is a safety net
+    only: once that much wall time has passed no further solve starts, and a warning says so.
+    """
+    start = time.monotonic()  # through the module, so a test can make the clock jump
     num_c = problem.num_chiplets
     free = [problem.capacity_bytes] * num_c
     where = [-1] * len(problem.tiles)
     templates: dict[tuple, list[int]] = {}  # signature -> relative placement (one entry per tile)
     solves: list[LayerSolve] = []
     statuses: list[str] = []
+    warnings: list[str] = []
     for tiles in layer_units(problem):
         layer = problem.tiles[tiles[0]].layer
         sig = signature(problem, tiles)
@@ -82,10 +93,16 @@ def place_layers(problem: Problem, solver: Solver | None, *, deadline_s: float |
             greedy_cost = total_cost(problem, hint, tiles)
             chosen = {t: hint[t] for t in tiles}
             cost, method = greedy_cost, "greedy"
-            out_of_time = deadline_s is not None and time.monotonic() - start > deadline_s
-            if solver is not None and not out_of_time and not _surely_optimal(problem, tiles, hint, greedy_cost, free):
+            wanted = (solver is not None and (max_solves is None or len(statuses) < max_solves)
+                      and not _surely_optimal(problem, tiles, hint, greedy_cost, free))
+            if wanted and wall_limit_s is not None and not warnings and time.monotonic() - start > wall_limit_s:
+                warnings.append(f"wall-clock safety net ({wall_limit_s:.0f} s) reached at layer {layer}: "
+                                "later layers kept their greedy placement, so this result depends on timing")
+            if wanted and not warnings:
+                assert solver is not None
                 found, status = solver(problem, tiles, free, hint)
-                statuses.append(status)
+                if status != "skipped":  # a model too large to be worth solving costs no budget
+                    statuses.append(status)
                 if found is not None:
                     found_cost = total_cost(problem, found, tiles)
                     if found_cost < greedy_cost:
@@ -97,7 +114,7 @@ def place_layers(problem: Problem, solver: Solver | None, *, deadline_s: float |
             where[t] = chosen[t]
             if chosen[t] < num_c:
                 free[chosen[t]] -= problem.tile_bytes[t]
-    return Decomposed(where, total_cost(problem, where), solves, statuses)
+    return Decomposed(where, total_cost(problem, where), solves, statuses, warnings)
 
 
 def _as_where(problem: Problem, chosen: dict[int, int]) -> list[int]:

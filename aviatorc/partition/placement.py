@@ -45,6 +45,7 @@ class Placement:
     solves: tuple[LayerSolve, ...]
     seed: int
     batch_tokens: int
+    warnings: tuple[str, ...] = ()  # a wall-clock safety net fired: the result depended on timing
 
     @property
     def gap(self) -> float:
@@ -82,6 +83,7 @@ class Placement:
             "solve_time_s": round(self.solve_time_s, 3),
             "seed": self.seed,
             "batch_tokens": self.batch_tokens,
+            "warnings": list(self.warnings),
             "tiles": len(self.tiles),
             "resident_bytes": self.resident_bytes,
             "streamed_bytes": self.streamed_bytes,

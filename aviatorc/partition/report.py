@@ -34,6 +34,8 @@ def render_table(placement: Placement) -> Any:
     table.add_row("greedy", _us(p.greedy_objective_ps), f"solver {p.improvement_over_greedy:.2%} better")
     table.add_row("lower bound", _us(p.bound_ps), f"gap {p.gap:.2%}")
     table.add_row("solve time", f"{p.solve_time_s:.1f} s", f"seed {p.seed}")
+    for warning in p.warnings:
+        table.add_row("warning", "timing", warning)
     table.add_row("resident", human_bytes(p.resident_bytes), f"{sum(1 for w in p.where if w < p.num_chiplets)} tiles")
     table.add_row("streamed", human_bytes(p.streamed_bytes),
                   f"{human_bytes(p.streamed_read_bytes_per_step)} read per step (at least "

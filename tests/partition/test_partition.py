@@ -132,3 +132,75 @@ def test_llama_3_8b_on_four_cards_meets_its_bound_gap():
     assert all(w < placement.num_chiplets for t, w in zip(placement.tiles, placement.where, strict=False) if not t.is_embedding)
     assert placement.objective_ps <= placement.greedy_objective_ps
     assert placement.gap <= 0.05
+
+
+def _without_time(placement):
+    report = placement.to_dict()
+    report.pop("solve_time_s")
+    return report
+
+
+def _solver_case():
+    """Layers of unequal whole-weight tiles on 4 chiplets: LPT is not optimal and CP-SAT improves
+    some layers, so a run that skipped solves would give another placement."""
+    specs = [WeightSpec(f"layers.{layer}.w{i}", layer, "linear", 64, 16 * w, WeightFormat("fp16"), f"x{layer}")
+             for layer in range(3) for i, w in enumerate([7, 5, 4, 4, 3, 3, 3][:7 - layer])]
+    return specs, load_target("mock")
+
+
+def _partition(specs, target):
+    return partition(specs, target, time_limit_s=1, tiles_per_weight=1)
+
+
+def test_two_runs_give_identical_placements():
+    specs, target = _solver_case()
+    first = _partition(specs, target)
+    assert any(s.method.startswith("cpsat") for s in first.solves)
+    assert _without_time(_partition(specs, target)) == _without_time(first)
+    assert first.warnings == ()
+
+
+def test_a_jumping_clock_does_not_change_the_placement(monkeypatch):
+    """The old code stopped solving once `time_limit_s` of wall time had passed. Now the budget is
+    a count of solves with deterministic time each: a clock that jumps well past `time_limit_s`
+    (but not past the generous safety net) changes nothing."""
+    import time
+
+    from aviatorc.partition import solve_budget
+
+    specs, target = _solver_case()
+    steady = _partition(specs, target)
+    real = time.monotonic
+    calls = [0]
+    jump = solve_budget(1).wall_limit_s / 100  # 100 calls' worth of jumps stay under the safety net
+
+    def jumping() -> float:
+        calls[0] += 1
+        return real() + jump * calls[0]
+
+    monkeypatch.setattr(time, "monotonic", jumping)
+    jumped = _partition(specs, target)
+    monkeypatch.setattr(time, "monotonic", real)
+    assert 1 < calls[0] < 100 and jump * 2 > 1  # the clock did pass time_limit_s
+    assert jumped.warnings == ()
+    assert _without_time(jumped) == _without_time(steady)
+
+
+def test_the_wall_clock_safety_net_is_reported(monkeypatch):
+    import time
+
+    specs, target = _solver_case()
+    real = time.monotonic
+    calls = [0]
+
+    def runaway() -> float:
+        calls[0] += 1
+        return real() + 1e6 * calls[0]
+
+    monkeypatch.setattr(time, "monotonic", runaway)
+    placement = _partition(specs, target)
+    monkeypatch.setattr(time, "monotonic", real)
+    assert not any(s.method.startswith("cpsat") for s in placement.solves)
+    assert placement.warnings and "safety net" in placement.warnings[0]
+    assert placement.to_dict()["warnings"] == list(placement.warnings)
+    assert placement.objective_ps <= placement.greedy_objective_ps  # still complete and checked
