@@ -6,7 +6,12 @@
   output type) or a `Transpose` of a rank-2 initializer;
 - `Gather(table, ids)` on an initializer: an embedding, looked up rather than multiplied.
 A weight used twice (tied) is placed once. The layer index comes from the parameter name
-(`layers.N.`, `h.N.`, `layer.N.`, `blocks.N.`); a weight without one gets -1 before the
+(`layers.N.`, `h.N.`, `layer.N.`, `blocks.N.`). Where names do not give it (ONNX dynamo
+exports name weights `val_44`), it comes from the structure (`_structural_layers`): the
+attention blocks (Softmax or Attention nodes) are counted in topological order, a weight
+feeding the next one (q, k) or the MatMul that consumes its probabilities (v) belongs to
+that block, any other weight (o, MLP) to the last block before it, a head after the last
+block to the block count, the embedding to -1. Without either, a weight gets -1 before the
 first block and the last block + 1 after it.
 """
 
@@ -39,6 +44,7 @@ def weights_from_graph(graph: Any) -> list[WeightSpec]:
     """Every weight of `graph` the partitioner places, in graph order."""
     found: list[tuple[str, int | None, str, int, int, WeightFormat, str]] = []
     seen: set[str] = set()
+    consumers: dict[str, Any] = {}  # weight name -> the node that reads it
     for node in graph.nodes:
         if node.op == "MatMul" and len(node.inputs) >= 2 and node.inputs[1] is not None:
             weight = _linear_weight(node.inputs[1])
@@ -46,6 +52,7 @@ def weights_from_graph(graph: Any) -> list[WeightSpec]:
                 continue
             name, k, n, fmt = weight
             seen.add(name)
+            consumers[name] = node
             x = node.inputs[0]
             found.append((name, layer_of(name), role_of(name), k, n, fmt, x.name if x is not None else name))
         elif node.op == "Gather" and node.inputs[0] is not None and node.inputs[0].is_initializer:
@@ -56,9 +63,86 @@ def weights_from_graph(graph: Any) -> list[WeightSpec]:
             if table.name in seen:
                 continue
             seen.add(table.name)
+            consumers[table.name] = node
             found.append((table.name, layer_of(table.name), "embedding", int(shape[0]), int(shape[1]),
                           dense_format(table.type.dtype), node.inputs[1].name if node.inputs[1] else table.name))
+    if any(layer is None for _, layer, *_ in found):
+        inferred = _structural_layers(graph, consumers)
+        found = [(name, inferred.get(name) if layer is None else layer, *rest) for name, layer, *rest in found]
     return _with_layers(found)
+
+
+_ATTENTION = ("Softmax", "Attention")  # one per attention block, in topological order
+# Data flow that is not a layer's: shapes read off a tensor (a causal mask built from the hidden
+# states' shape must not tie the embedding to the first block's softmax).
+_SHAPE_ONLY = ("Shape", "Size", "ConstantOfShape")
+
+
+def _structural_layers(graph: Any, consumers: dict[str, Any]) -> dict[str, int]:
+    """Layer indices from the attention blocks; {} when the graph has none.
+
+    `after[v]`: the index of the last attention block among v's ancestors (-1: none). A weight
+    read at `after = j` belongs to block j + 1 when its cone (what its output reaches before the
+    next weight) holds block j + 1's Softmax or a weightless MatMul reading that block's
+    probabilities (v); otherwise to block j (o, MLP), except a head (cone reaches a graph output
+    and no weight) after the last block, which gets the block count.
+    """
+    nodes = list(graph.nodes)
+    blocks = [node for node in nodes if node.op in _ATTENTION]
+    if not blocks:
+        return {}
+    index = {id(node): i for i, node in enumerate(blocks)}
+    weight_nodes = {id(node) for node in consumers.values()}
+    after: dict[int, int] = {}  # id(value) -> last block among its ancestors
+    for node in nodes:
+        level = index.get(id(node), max((after.get(id(v), -1) for v in node.inputs if v is not None), default=-1))
+        for out in node.outputs:
+            after[id(out)] = level
+    outputs = {id(v) for v in graph.outputs}
+    layers: dict[str, int] = {}
+    for name, node in consumers.items():
+        if node.op == "Gather":
+            layers[name] = -1
+            continue
+        x = node.inputs[0]
+        base = after.get(id(x), -1) if x is not None else -1
+        bumped, reaches_output, reaches_weight = _cone(node, base, index, weight_nodes, after, outputs)
+        if bumped:
+            layers[name] = base + 1
+        elif base == len(blocks) - 1 and reaches_output and not reaches_weight:
+            layers[name] = len(blocks)  # the head
+        else:
+            layers[name] = base
+    return layers
+
+
+def _cone(start: Any, base: int, index: dict[int, int], weight_nodes: set[int], after: dict[int, int],
+          outputs: set[int]) -> tuple[bool, bool, bool]:
+    """Walk forward from `start`'s outputs up to the next weight: (reaches block base + 1 as q, k
+    or v, reaches a graph output, reaches another weight)."""
+    stack = [v for v in start.outputs]
+    seen: set[int] = set()
+    reaches_output = reaches_weight = False
+    while stack:
+        value = stack.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        reaches_output |= id(value) in outputs
+        for user in value.users:
+            if id(user) in weight_nodes:
+                reaches_weight = True
+                continue
+            if user.op in _SHAPE_ONLY:
+                continue
+            if index.get(id(user)) == base + 1:
+                return True, reaches_output, reaches_weight  # q or k: feeds the block's softmax
+            if user.op == "MatMul" and any(v is not None and after.get(id(v), -1) == base + 1 for v in user.inputs):
+                return True, reaches_output, reaches_weight  # v: multiplied by the block's probabilities
+            if any(after.get(id(out), -1) > base + 1 for out in user.outputs):
+                continue  # past the next block: nothing there is this weight's
+            stack.extend(user.outputs)
+    return False, reaches_output, reaches_weight
 
 
 def _linear_weight(value: Any) -> tuple[str, int, int, WeightFormat] | None:

@@ -90,3 +90,24 @@ def test_weights_from_graph():
         ("lm_head.weight", 2, "lm_head", 64, 100, "fp16"),
     ]
     assert specs[2].format == fmt
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_layers_from_structure_match_the_named_import(arch, tmp_path_factory):
+    """Dynamo ONNX exports lose parameter names (`val_44`): layers come from the attention blocks
+    and must match the torch.export import, which keeps names. Both zoo models have 2 layers."""
+    from collections import Counter
+
+    pytest.importorskip("torch")
+    import aviatorc
+    from aviatorc import zoo
+    from aviatorc.frontends.torch import import_torch
+    from tests.zoo_fixtures import onnx_model_path
+
+    path = onnx_model_path(arch, "dynamo", tmp_dir=tmp_path_factory.mktemp("zoo"))
+    onnx_specs = weights_from_graph(aviatorc.import_model(path))
+    torch_specs = weights_from_graph(import_torch(zoo.build_model(arch), zoo.example_inputs(arch)))
+    assert {s.layer for s in onnx_specs if not s.is_embedding} >= {0, 1}
+    assert all(s.layer == -1 for s in onnx_specs if s.is_embedding)
+    linear = Counter((s.layer, s.k, s.n) for s in onnx_specs if not s.is_embedding)
+    assert linear == Counter((s.layer, s.k, s.n) for s in torch_specs if not s.is_embedding)
