@@ -1,9 +1,14 @@
 """A lower bound on the placement cost, computed for this problem (CP-SAT's own is 0 or a plain
 average here). Two relaxations, both valid for every placement; the bound is the larger:
 
-1. Capacity knapsack. Per group, max_c load >= resident work / C; per layer max_h stream >= streamed
-   time / H; cuts >= 0. Minimizing that sum subject to the total usable SRAM is a fractional
-   knapsack (resident costs work/C, streamed costs stream/H): the streaming regime's bound.
+1. Capacity knapsack. Per layer max_h stream >= streamed time / H. A group whose resident tiles
+   (work w) sit on k chiplets costs at least w/k + tree(k) (busiest chiplet plus the cheapest
+   tree over k), so at least phi_g(w) = min_k (w/k + tree(k)): a minimum of lines through the
+   origin's neighbourhood, concave with phi_g(0) = 0, hence phi_g(w) >= (w / W_g) phi_g(W_g) for
+   w <= W_g (above its chord). Each resident tile t of group g so costs at least
+   work_t * phi_g(W_g) / W_g (>= work_t / C), linear per tile; minimizing that plus streamed
+   time / H subject to the total usable SRAM is a fractional knapsack: the streaming regime's
+   bound, which also charges the resident layers their activation trees.
 
 2. Structure per group, capacities dropped. When streaming any tile costs at least its work
    (stream/H >= work, true unless LPDDR is faster than a chiplet's SRAM), a relaxed optimum
@@ -44,25 +49,54 @@ def _knapsack(problem: Problem) -> tuple[float, int]:
     capacity = problem.capacity_bytes * num_c
     base = 0.0  # everything streamed
     items = []
+    rate = _resident_rate(problem)
     for t in range(len(problem.tiles)):
         stream_cost = problem.stream_ps[t] / num_h
         base += stream_cost
-        gain = stream_cost - problem.work_ps[t] / num_c  # saved by keeping it resident
+        gain = stream_cost - problem.work_ps[t] * rate[problem.group_of[t]]  # saved by keeping it resident
         if gain > 0:
-            items.append((gain / problem.tile_bytes[t], problem.tile_bytes[t], gain, problem.read_bytes[t]))
+            items.append((gain / problem.tile_bytes[t], problem.tile_bytes[t], gain))
     items.sort(reverse=True)
     cost = base
-    streamed = float(sum(problem.read_bytes))
-    for _density, nbytes, gain, read in items:
+    for _density, nbytes, gain in items:
         share = min(1.0, capacity / nbytes) if nbytes else 1.0
         if share <= 0:
             break
         cost -= gain * share
-        streamed -= read * share
         capacity -= nbytes * share
     # Not-worth-keeping tiles (gain <= 0) are streamed here; the bound stays valid for placements
     # that keep them, since each such tile costs at least as much resident.
-    return cost, max(0, math.ceil(streamed - 1e-6))
+    return cost, _min_streamed_bytes(problem)
+
+
+def _min_streamed_bytes(problem: Problem) -> int:
+    """Read bytes per step no placement avoids: keep the most read per stored byte resident,
+    fractionally, until the usable SRAM is full; the rest is read from LPDDR."""
+    capacity = float(problem.capacity_bytes * problem.num_chiplets)
+    streamed = float(sum(problem.read_bytes))
+    order = sorted(range(len(problem.tiles)), key=lambda t: -problem.read_bytes[t] / max(1, problem.tile_bytes[t]))
+    for t in order:
+        if capacity <= 0:
+            break
+        share = min(1.0, capacity / problem.tile_bytes[t]) if problem.tile_bytes[t] else 1.0
+        streamed -= problem.read_bytes[t] * share
+        capacity -= problem.tile_bytes[t] * share
+    return max(0, math.ceil(streamed - 1e-6))
+
+
+def _resident_rate(problem: Problem) -> dict[int, float]:
+    """Per group g, phi_g(W_g) / W_g: the least cost per unit of resident work (see the docstring)."""
+    work: dict[int, int] = {}
+    count: dict[int, int] = {}
+    for t, g in enumerate(problem.group_of):
+        work[g] = work.get(g, 0) + problem.work_ps[t]
+        count[g] = count.get(g, 0) + 1
+    rate = {}
+    for g, whole in work.items():
+        edge = problem.edge_ps[g]
+        phi = min(whole / k + tree_min_ps(k, problem, edge) for k in range(1, min(problem.num_chiplets, count[g]) + 1))
+        rate[g] = phi / whole
+    return rate
 
 
 def tree_min_ps(k: int, problem: Problem, edge: tuple[int, int, int]) -> int:
