@@ -73,10 +73,13 @@ def check_quant_options(options: Any, target: Any, has_calibration: bool) -> Non
         raise OptionError(f"target '{target_name(target)}' does not support {options.quant} weights",
                           hint=f"it supports {', '.join(formats)}")
     depth = tile_depth(target) if target is not None else None
-    if options.quant in ("int4", "mxint4", "mxint8") and depth is not None and depth % options.group_size:
-        raise OptionError(f"group size {options.group_size} does not divide the matrix-unit depth {depth} "
+    # A group must not straddle a tile boundary: it divides the matrix-unit depth, or spans whole tiles.
+    group = options.group_size
+    if options.quant in ("int4", "mxint4", "mxint8") and depth is not None and depth % group and group % depth:
+        raise OptionError(f"group size {group} does not align with the matrix-unit depth {depth} "
                           f"of target '{target_name(target)}'",
-                          hint="choose a group size that divides it, so no group straddles two tiles")
+                          hint="choose a group size that divides it or is a multiple of it, "
+                               "so no group straddles two tiles")
     method = quant_method(options, has_calibration)
     if method == "awq":
         raise OptionError("quantization method 'awq' is not implemented", hint="use --quant-method gptq")

@@ -119,8 +119,9 @@ MOCK = SimpleNamespace(name="mock", matrix_unit_k=64, weight_formats=("int8", "m
 
 @pytest.mark.parametrize("options, target, calibration, message", [
     (dict(quant="int4"), MOCK, None, "target 'mock' does not support int4 weights; it supports int8, mxint8, mxint4"),
-    (dict(quant="mxint4", group_size=128), MOCK, None,
-     "group size 128 does not divide the matrix-unit depth 64 of target 'mock'; choose a group size that divides it"),
+    (dict(quant="mxint4", group_size=32), SimpleNamespace(name="mock", matrix_unit_k=48, weight_formats=("mxint4",)),
+     None, "group size 32 does not align with the matrix-unit depth 48 of target 'mock'; choose a group size that "
+     "divides it or is a multiple of it"),
     (dict(quant="int4", quant_method="gptq"), None, None, "quantization method 'gptq' needs calibration data"),
     (dict(quant="int4", quant_method="awq"), None, None, "quantization method 'awq' is not implemented"),
     (dict(quant="int4", activations="minmax"), None, None, "activation quantization (W8A8) needs int8 weights, not int4"),
