@@ -163,6 +163,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     out = result.save(args.output)
     if not args.quiet:
         console.print(result.report.summary())
+        if "accuracy" in result.report.data:
+            from aviatorc.accuracy import format_accuracy
+
+            console.print(format_accuracy(result.report.data["accuracy"], max_layers=8))
         if result.placement is not None:
             from aviatorc.partition.report import render_table
 

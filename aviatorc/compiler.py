@@ -53,10 +53,12 @@ class Report:
         weights = self.data.get("weights")
         if weights:
             lines.append(f"weights: {weights['total_bytes']:,} bytes ({weights['fp32_bytes']:,} at fp32)")
-        accuracy = self.data.get("accuracy", {}).get("end_to_end")
-        if accuracy:
-            lines.append("accuracy: " + ", ".join(f"{k}={v:.6g}" for k, v in sorted(accuracy.items())
-                                                  if isinstance(v, (int, float))))
+        for entry in self.data.get("accuracy", {}).get("end_to_end", []):
+            text = f"accuracy of '{entry['output']}': cosine {entry['cosine']:.5f}, max |diff| {entry['max_abs_diff']:.4g}"
+            if "perplexity" in entry:
+                text += (f", top-1 agreement {entry['top1_agreement']:.3f}, perplexity {entry['perplexity']:.3f} "
+                         f"(fp32 {entry['perplexity_reference']:.3f})")
+            lines.append(text)
         placement = self.data.get("placement")
         if placement:
             lines.append(f"placement: {placement.get('status')}, objective {placement.get('objective')}, "

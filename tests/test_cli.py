@@ -1,0 +1,155 @@
+"""The command line end to end: inspect, compile (artifact written atomically), and one-line
+errors with a non-zero exit and nothing written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from aviatorc.cli import main
+from tests.zoo_fixtures import zoo_dir, zoo_onnx  # noqa: F401
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "aviatorc", *args], capture_output=True, text=True)
+
+
+def mlp_onnx(path: Path, extra_ops: tuple[str, ...] = ()) -> Path:
+    """x[2, 64] @ w1[64, 128] -> Relu -> @ w2[128, 64], plus optional unsupported nodes."""
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((64, 128)).astype(np.float32), "fc1.weight")
+    w2 = numpy_helper.from_array(rng.standard_normal((128, 64)).astype(np.float32), "fc2.weight")
+    nodes = [
+        helper.make_node("MatMul", ["x", "fc1.weight"], ["h"], name="fc1"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "fc2.weight"], ["y0"], name="fc2"),
+    ]
+    last = "y0"
+    for i, op in enumerate(extra_ops):
+        nodes.append(helper.make_node(op, [last], [f"u{i}"], name=f"weird{i}"))
+        last = f"u{i}"
+    nodes.append(helper.make_node("Identity", [last], ["y"], name="out"))
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])], [w1, w2])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    return path
+
+
+def test_inspect_prints_census_and_parameters(tmp_path, capsys):
+    path = mlp_onnx(tmp_path / "mlp.onnx")
+    assert main(["inspect", str(path), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["parameters"] == 64 * 128 * 2
+    assert summary["op_census"]["MatMul"] == 2
+    assert summary["bytes_by_dtype"]["float32"] == 64 * 128 * 2 * 4
+    assert summary["inputs"] == [{"name": "x", "type": "float32[2, 64]"}]
+
+
+def test_compile_writes_ir_and_report(tmp_path):
+    path = mlp_onnx(tmp_path / "mlp.onnx")
+    out = tmp_path / "mlp.avc"
+    result = run_cli("compile", str(path), "-o", str(out), "--target", "mock", "--quant", "int8", "-q")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["graph.ir", "report.json"]
+    report = json.loads((out / "report.json").read_text())
+    assert report["weights"]["bytes_by_format"] == {"int8": (64 * 128 + 128 * 2) + (128 * 64 + 64 * 2)}
+    assert report["placement"]["status"] in ("optimal", "feasible", "greedy")
+    assert "DequantizeWeight" in (out / "graph.ir").read_text()
+    # No staging folders are left behind.
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_same_inputs_give_byte_identical_output(tmp_path):
+    path = mlp_onnx(tmp_path / "mlp.onnx")
+    texts = []
+    for name in ("a.avc", "b.avc"):
+        assert run_cli("compile", str(path), "-o", str(tmp_path / name), "--target", "mock", "--quant", "int4",
+                       "-q").returncode == 0
+        report = json.loads((tmp_path / name / "report.json").read_text())
+        for record in report["passes"]:
+            record.pop("seconds")
+        report["placement"].pop("solve_time_s", None)
+        texts.append(((tmp_path / name / "graph.ir").read_text(), json.dumps(report, sort_keys=True)))
+    assert texts[0] == texts[1]
+
+
+def test_unsupported_ops_fail_in_one_line_and_write_nothing(tmp_path):
+    path = mlp_onnx(tmp_path / "odd.onnx", extra_ops=("Celu", "Celu", "HardSwish"))
+    out = tmp_path / "odd.avc"
+    result = run_cli("compile", str(path), "-o", str(out))
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Celu x2 (first: 'weird0')" in lines[0] and "HardSwish x1 (first: 'weird2')" in lines[0]
+    assert str(path) in lines[0]
+    assert not out.exists()
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--passes", "fuse-qvk"], "unknown pass 'fuse-qvk'; did you mean 'fuse-qkv'?"),
+        (["--quant", "int4", "--group-size", "48"], "group size 48 is not supported"),
+        (["--target", "corsiar"], "corsiar"),
+        (["--cards", "2"], "--cards needs a target"),
+    ],
+)
+def test_bad_options_get_clear_errors(tmp_path, args, message):
+    path = mlp_onnx(tmp_path / "mlp.onnx")
+    out = tmp_path / "bad.avc"
+    result = run_cli("compile", str(path), "-o", str(out), *args)
+    assert result.returncode == 1
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_calibration_file_must_match_inputs(tmp_path):
+    path = mlp_onnx(tmp_path / "mlp.onnx")
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, x=np.zeros((3, 2, 65), np.float32))  # 3 batches of the wrong width
+    result = run_cli("compile", str(path), "-o", str(tmp_path / "c.avc"), "--quant", "int8", "--calibration", str(calib))
+    assert result.returncode == 1
+    assert "calibration batch 0 does not match the model" in result.stderr
+    assert "expected [2, 64]" in result.stderr
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    result = run_cli("--debug", "inspect", str(tmp_path / "missing.onnx"))
+    assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_passes_and_ops_listings(capsys):
+    assert main(["passes"]) == 0
+    listing = capsys.readouterr().out
+    for name in ("fuse-qkv", "quantize", "sparsify-2to4", "dce"):
+        assert name in listing
+    assert main(["ops"]) == 0
+    assert "MatMul" in capsys.readouterr().out
+
+
+def test_compile_api_on_a_zoo_llama_reports_accuracy_and_placement(zoo_onnx, tmp_path):
+    import aviatorc
+    from aviatorc import zoo
+
+    path = zoo_onnx("llama")
+    feeds = {k: v.numpy() for k, v in zoo.example_inputs("llama").items()}
+    art = aviatorc.compile(path, target="corsair", cards=4, quant="int8", calibration=[feeds])
+    report = art.report.to_dict()
+    records = {r["name"]: r for r in report["passes"]}
+    assert records["fuse-qkv"]["stats"]["groups_fused"] == 2
+    (end_to_end,) = report["accuracy"]["end_to_end"]
+    assert end_to_end["output"] == "logits" and end_to_end["cosine"] > 0.999
+    assert end_to_end["top1_agreement"] > 0.8
+    assert report["placement"]["resident_bytes"] == report["weights"]["total_bytes"]
+    assert "accuracy" in art.report.summary()
+    saved = art.save(tmp_path / "llama.avc")
+    assert json.loads((saved / "report.json").read_text())["options"]["quant"] == "int8"
