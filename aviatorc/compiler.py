@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,7 +128,11 @@ def compile(  # noqa: A001 - the public verb is `aviatorc.compile`
         options["keep_fp16"] = tuple(options["keep_fp16"])
     opts = CompileOptions(**options)
     target = _load_target(opts)
+    log(f"importing {_describe(source)}")
+    started = time.perf_counter()
     graph = import_model(source, example_inputs)
+    log(f"imported {len(graph.nodes)} nodes, {len(graph.initializers)} initializers in "
+        f"{time.perf_counter() - started:.1f} s")
     batches = check_calibration(graph, calibration)
     reference = graph.clone() if batches and (opts.quant or opts.sparsity) else None
 
