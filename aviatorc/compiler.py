@@ -62,8 +62,10 @@ class Report:
             lines.append(text)
         placement = self.data.get("placement")
         if placement:
-            lines.append(f"placement: {placement.get('status')}, objective {placement.get('objective')}, "
-                         f"gap to bound {placement.get('gap_to_bound')}")
+            lines.append(f"placement on {placement['target']}: {placement['status']}, "
+                         f"{placement['objective_s'] * 1e6:.3f} us per decode step (weights), "
+                         f"{placement['gap_to_bound']:.2%} above the lower bound; "
+                         f"{placement['resident_bytes']:,} bytes resident, {placement['streamed_bytes']:,} streamed")
         return "\n".join(lines)
 
 
