@@ -183,3 +183,32 @@ def target_formats(target: object) -> tuple[str, ...] | None:
 
 def target_name(target: object) -> str:
     return str(getattr(target, "name", "the target"))
+
+
+def calibration_stages(graph: Graph, weights: list[LinearWeight]) -> list[list[LinearWeight]]:
+    """`weights` grouped for sequential calibration, earliest first.
+
+    A weight's stage is the number of `weights` MatMuls on the longest path from the graph
+    inputs to its activation input, so the MatMuls reading one activation (q / k / v; gate /
+    up) share a stage and every weight upstream of a stage lies in an earlier one. A shared
+    weight takes the latest stage of its MatMuls. Calibrating stage by stage on the graph with
+    the earlier stages already rewritten is GPTQ's sequential scheme: each layer compensates
+    the error of the ones before it instead of fitting inputs it will never see.
+    """
+    owner = {id(mm): lw for lw in weights for mm in lw.matmuls}
+    depth: dict[int, int] = {}  # value id -> listed MatMuls on the longest path to it
+    stage: dict[int, int] = {}
+    for node in graph.nodes:
+        lw = owner.get(id(node))
+        if lw is not None:
+            d = depth.get(id(node.inputs[0]), 0)
+            stage[id(lw)] = max(stage.get(id(lw), 0), d)
+            d += 1
+        else:
+            d = max((depth.get(id(v), 0) for v in node.inputs if v is not None), default=0)
+        for out in node.outputs:
+            depth[id(out)] = d
+    stages: dict[int, list[LinearWeight]] = {}
+    for lw in weights:
+        stages.setdefault(stage.get(id(lw), 0), []).append(lw)
+    return [stages[s] for s in sorted(stages)]

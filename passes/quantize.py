@@ -33,6 +33,7 @@ import numpy as np
 from aviatorc.passes._weights import (
     LinearWeight,
     add_packed_weight,
+    calibration_stages,
     find_linear_weights,
     target_formats,
     target_name,
@@ -116,13 +117,6 @@ class Quantize(Pass):
         keep = [lw for lw in weights if opts.keep_fp16 and lw.matches(opts.keep_fp16)]
         quantize = [lw for lw in weights if lw not in keep]
 
-        stats: dict[str, ActivationStats] = {}
-        needs_stats = (method == "gptq" or opts.activations) and any(lw.has_data for lw in quantize)
-        if needs_stats:
-            inputs = [mm.input(0).name for lw in quantize for mm in lw.matmuls]
-            ctx.log(f"quantize: calibrating {len(set(inputs))} MatMul input(s) on {len(batches)} batch(es)")
-            stats = collect_stats(graph, batches, inputs, hessian=method == "gptq")
-
         counts = {"weights_quantized": 0, "weights_kept_fp16": 0, "embeddings_fp16": 0, "activations_quantized": 0}
         bytes_before = bytes_after = 0
         for lw in keep:
@@ -132,22 +126,36 @@ class Quantize(Pass):
             add_packed_weight(graph, lw, fmt, packed)
             bytes_after += fmt.storage_bytes(lw.k, lw.n)
             counts["weights_kept_fp16"] += 1
-        for lw in quantize:
-            fmt = weight_format(opts, lw.fmt.sparsity)
-            bytes_before += lw.fmt.storage_bytes(lw.k, lw.n)
-            matmuls = list(lw.matmuls)
-            packed = None
-            if lw.has_data:
-                packed = self._quantize_one(lw, fmt, method, stats, ctx)
-            add_packed_weight(graph, lw, fmt, packed)
-            bytes_after += fmt.storage_bytes(lw.k, lw.n)
-            counts["weights_quantized"] += 1
-            if opts.activations:
-                for mm in matmuls:
-                    x = mm.input(0)
-                    if x.name in stats:
-                        self._quantize_activation(graph, mm, stats[x.name], opts.activations)
-                        counts["activations_quantized"] += 1
+
+        # Sequential calibration: each stage's statistics come from the graph with every
+        # earlier stage already quantized (see `calibration_stages`); one interpreter run of
+        # the calibration batches per stage.
+        needs_stats = bool(method == "gptq" or opts.activations)
+        calibrated = [lw for lw in quantize if lw.has_data] if needs_stats else []
+        stages = calibration_stages(graph, calibrated) if calibrated else []
+        stages.append([lw for lw in quantize if lw not in calibrated])
+        if calibrated:
+            ctx.log(f"quantize: sequential calibration of {len(calibrated)} weight(s) in {len(stages) - 1} "
+                    f"stage(s) on {len(batches)} batch(es)")
+        for stage in stages:
+            stats: dict[str, ActivationStats] = {}
+            if needs_stats and any(lw in calibrated for lw in stage):
+                inputs = [mm.input(0).name for lw in stage for mm in lw.matmuls]
+                stats = collect_stats(graph, batches, inputs, hessian=method == "gptq")
+            for lw in stage:
+                fmt = weight_format(opts, lw.fmt.sparsity)
+                bytes_before += lw.fmt.storage_bytes(lw.k, lw.n)
+                matmuls = list(lw.matmuls)
+                packed = self._quantize_one(lw, fmt, method, stats, ctx) if lw.has_data else None
+                add_packed_weight(graph, lw, fmt, packed)
+                bytes_after += fmt.storage_bytes(lw.k, lw.n)
+                counts["weights_quantized"] += 1
+                if opts.activations:
+                    for mm in matmuls:
+                        x = mm.input(0)
+                        if x.name in stats:
+                            self._quantize_activation(graph, mm, stats[x.name], opts.activations)
+                            counts["activations_quantized"] += 1
         embed_before, embed_after = embeddings_to_fp16(graph, notes)
         counts["embeddings_fp16"] = len(embed_before)
         changed = any(counts.values())

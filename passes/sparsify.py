@@ -23,7 +23,13 @@ than 2:4, and sparsity along N.
 
 from __future__ import annotations
 
-from aviatorc.passes._weights import add_packed_weight, find_linear_weights, target_name, tile_depth
+from aviatorc.passes._weights import (
+    add_packed_weight,
+    calibration_stages,
+    find_linear_weights,
+    target_name,
+    tile_depth,
+)
 from aviatorc.passes.manager import Note, Pass, PassContext, PassResult, register_pass
 
 from aviatorc.errors import OptionError
@@ -33,6 +39,9 @@ from aviatorc.quant.calibration import check_batches, collect_stats
 from aviatorc.quant.gptq import GPTQConfig, gptq
 from aviatorc.quant.rtn import pack_weight
 from aviatorc.quant.sparse import magnitude_mask, wanda_mask
+
+# SparseGPT: rows in their natural order (the 2:4 groups are consecutive rows).
+SPARSEGPT = GPTQConfig(act_order=False)
 
 
 @register_pass
@@ -67,31 +76,39 @@ class Sparsify2to4(Pass):
             else:
                 todo.append(lw)
         method = opts.sparsity_method
-        stats = {}
-        if method != "magnitude" and any(lw.has_data for lw in todo):
-            batches = check_batches(graph, ctx.calibration)
-            inputs = [mm.input(0).name for lw in todo for mm in lw.matmuls]
-            ctx.log(f"sparsify-2to4: calibrating {len(set(inputs))} MatMul input(s) on {len(batches)} batch(es)")
-            stats = collect_stats(graph, batches, inputs, hessian=method == "sparsegpt")
+        batches = check_batches(graph, ctx.calibration)
+        # Sequential calibration, as in `quantize`: each stage's statistics come from the graph
+        # with the earlier stages already pruned (and compensated, for SparseGPT).
+        calibrated = [lw for lw in todo if lw.has_data] if method != "magnitude" else []
+        stages = calibration_stages(graph, calibrated) if calibrated else []
+        stages.append([lw for lw in todo if lw not in calibrated])
+        if calibrated:
+            ctx.log(f"sparsify-2to4: sequential calibration of {len(calibrated)} weight(s) in {len(stages) - 1} "
+                    f"stage(s) on {len(batches)} batch(es)")
 
         bytes_before = bytes_after = 0
-        for lw in todo:
-            fmt = WeightFormat(lw.fmt.kind, 0, True, "2:4")
-            packed = None
-            if lw.has_data:
-                w = lw.dense()
-                mm_stats = [stats[mm.input(0).name] for mm in lw.matmuls if mm.input(0).name in stats]
-                if method == "wanda" and mm_stats:
-                    sq = sum(s.sq_norm for s in mm_stats)
-                    mask = wanda_mask(w, sq**0.5)
-                elif method == "sparsegpt" and mm_stats:
-                    hessian = sum(s.hessian for s in mm_stats)
-                    w, _, _, mask = gptq(w, hessian, None, prune_24=True, config=GPTQConfig(act_order=False))
-                else:
-                    mask = magnitude_mask(w)
-                packed = pack_weight(w, fmt, mask=mask)
-            bytes_before += lw.fmt.storage_bytes(lw.k, lw.n)
-            add_packed_weight(graph, lw, fmt, packed)
-            bytes_after += fmt.storage_bytes(lw.k, lw.n)
+        for stage in stages:
+            stats = {}
+            if any(lw in calibrated for lw in stage):
+                inputs = [mm.input(0).name for lw in stage for mm in lw.matmuls]
+                stats = collect_stats(graph, batches, inputs, hessian=method == "sparsegpt")
+            for lw in stage:
+                fmt = WeightFormat(lw.fmt.kind, 0, True, "2:4")
+                packed = None
+                if lw.has_data:
+                    w = lw.dense()
+                    mm_stats = [stats[mm.input(0).name] for mm in lw.matmuls if mm.input(0).name in stats]
+                    if method == "wanda" and mm_stats:
+                        sq = sum(s.sq_norm for s in mm_stats)
+                        mask = wanda_mask(w, sq**0.5)
+                    elif method == "sparsegpt" and mm_stats:
+                        hessian = sum(s.hessian for s in mm_stats)
+                        w, _, _, mask = gptq(w, hessian, None, prune_24=True, config=SPARSEGPT)
+                    else:
+                        mask = magnitude_mask(w)
+                    packed = pack_weight(w, fmt, mask=mask)
+                bytes_before += lw.fmt.storage_bytes(lw.k, lw.n)
+                add_packed_weight(graph, lw, fmt, packed)
+                bytes_after += fmt.storage_bytes(lw.k, lw.n)
         return PassResult(bool(todo), {"weights_sparsified": len(todo), "method": method,
                                        "weight_bytes_before": bytes_before, "weight_bytes_after": bytes_after}, notes)

@@ -46,7 +46,13 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_quant_data import CALIBRATION_SENTENCES, CALIBRATION_TEXT, EVAL_SENTENCES, EVAL_TEXT  # noqa: E402
+from bench_quant_data import (  # noqa: E402
+    CALIBRATION_SENTENCES,
+    CALIBRATION_TEXT,
+    EVAL_SENTENCES,
+    EVAL_TEXT,
+    MORE_CALIBRATION_TEXT,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_quant.md"
 
@@ -133,74 +139,152 @@ def run_passes_on_linear(w_KN: np.ndarray, x_TK: np.ndarray | None, cfg: Config,
     return w_hat, stored, k * n * 4
 
 
-class LinearInputs:
-    """Inputs of nn.Linear modules (all, or those in `names`) on the calibration data, by forward hooks.
+class StopForward(Exception):
+    """Raised by a pre-hook once it has what it needs: the rest of the forward is not run."""
 
-    `token_mask` (flattened [batch * seq]) drops padding positions from the captured rows."""
 
-    def __init__(self, model, run, names: set[str] | None = None, token_mask: np.ndarray | None = None) -> None:
-        import torch
+def _hidden(args: tuple, kwargs: dict):
+    return args[0] if args else kwargs["hidden_states"]
 
-        self.inputs: dict[str, list[np.ndarray]] = {}
+
+def _with_hidden(args: tuple, kwargs: dict, hidden) -> tuple[tuple, dict]:
+    if args:
+        return (hidden,) + tuple(args[1:]), kwargs
+    return args, dict(kwargs, hidden_states=hidden)
+
+
+def transformer_blocks(model):
+    """The model's repeated blocks: the longest nn.ModuleList of one module type."""
+    import torch
+
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 1
+             and len({type(c) for c in m}) == 1]
+    return max(lists, key=len)
+
+
+class Capture:
+    """Inputs of some nn.Linear modules, by forward hooks; `token_mask` drops padding rows."""
+
+    def __init__(self, modules: dict[str, object], token_mask: np.ndarray | None) -> None:
+        self.inputs: dict[str, list[np.ndarray]] = {name: [] for name in modules}
+        self.order: list[tuple[str, object]] = []  # (module, its input tensor): first call of each, in order
         self.token_mask = token_mask
-        hooks = []
-        for name, module in model.named_modules():
-            if isinstance(module, torch.nn.Linear) and (names is None or name in names):
-                hooks.append(module.register_forward_hook(self._hook(name)))
-        run(model)
-        for h in hooks:
-            h.remove()
+        self.hooks = [m.register_forward_hook(self._hook(name)) for name, m in modules.items()]
 
     def _hook(self, name: str):
         def hook(module, args, output):
+            if all(name != n for n, _ in self.order):
+                self.order.append((name, args[0]))
             x = args[0].detach().float().reshape(-1, args[0].shape[-1]).numpy()
-            self.inputs.setdefault(name, []).append(x)
+            self.inputs[name].append(x)
         return hook
 
-    def get(self, name: str) -> np.ndarray | None:
-        parts = self.inputs.get(name)
-        if not parts:
-            return None
-        x = np.concatenate(parts, axis=0)
-        if self.token_mask is not None and len(x) == len(self.token_mask):
-            x = x[self.token_mask]
-        return x
+    def close(self) -> None:
+        for h in self.hooks:
+            h.remove()
+
+    def get(self, name: str, batch_rows: list[int]) -> np.ndarray:
+        parts = self.inputs[name]
+        if self.token_mask is not None:
+            # Each part is one calibration batch; drop its padding positions.
+            offsets = np.cumsum([0] + batch_rows)
+            parts = [x[self.token_mask[offsets[i]:offsets[i + 1]]] if len(x) == batch_rows[i] else x
+                     for i, x in enumerate(parts)]
+        return np.concatenate(parts, axis=0)
 
 
-def block_of(name: str) -> str:
-    """The transformer block a module belongs to ('encoder.layer.3', 'model.layers.7'), else its name."""
-    match = re.match(r"(.*?\.\d+)\.", name)
-    return match.group(1) if match else name
-
-
-def apply_config(model, cfg: Config, run_calibration, token_mask=None, skip: tuple[str, ...] = ()) -> tuple[object, int, int]:
+def apply_config(model, cfg: Config, batches: list[dict], token_mask=None, skip: tuple[str, ...] = ()) -> tuple[object, int, int]:
     """A copy of `model` whose Linear weights went through our passes and whose embeddings are fp16.
 
-    Calibrated rows capture each block's inputs from the copy with the earlier blocks
-    already rewritten (sequential, as GPTQ's reference implementation does)."""
+    Calibrated rows are sequential by stage, as the passes are: a stage is a set of linears
+    reading the same activation (q/k/v; o; gate/up; down; then lm_head), and its calibration
+    inputs come from the copy with every earlier stage already rewritten. The inputs of each
+    transformer block are captured once and the block alone is re-run per stage (GPTQ's
+    reference implementation does the same), so the cost is a few forwards, not one per stage."""
     import torch
 
     qmodel = copy.deepcopy(model)
-    stored = fp32 = 0
-    blocks: dict[str, list[tuple[str, object]]] = {}
+    linears = {name: m for name, m in qmodel.named_modules()
+               if isinstance(m, torch.nn.Linear) and not any(s in name for s in skip)}
+    totals = [0, 0]
+
+    def rewrite(name: str, x: np.ndarray | None) -> None:
+        module = linears[name]
+        w_KN = module.weight.detach().float().numpy().T
+        w_hat, nbytes, fbytes = run_passes_on_linear(w_KN, x, cfg, f"{name}.weight")
+        module.weight = torch.nn.Parameter(torch.from_numpy(np.ascontiguousarray(w_hat.T)))
+        totals[0] += nbytes
+        totals[1] += fbytes
+
     with torch.no_grad():
-        for name, module in qmodel.named_modules():
+        for module in qmodel.modules():
             if isinstance(module, torch.nn.Embedding):
                 module.weight.data = module.weight.data.half().float()
-            elif isinstance(module, torch.nn.Linear) and not any(s in name for s in skip):
-                blocks.setdefault(block_of(name), []).append((name, module))
-        for members in blocks.values():
-            calib = None
-            if cfg.needs_calibration:
-                calib = LinearInputs(qmodel, run_calibration, {n for n, _ in members}, token_mask)
-            for name, module in members:
-                w_KN = module.weight.detach().float().numpy().T
-                x = calib.get(name) if calib is not None else None
-                w_hat, nbytes, fbytes = run_passes_on_linear(w_KN, x, cfg, f"{name}.weight")
-                module.weight = torch.nn.Parameter(torch.from_numpy(np.ascontiguousarray(w_hat.T)))
-                stored += nbytes
-                fp32 += fbytes
-    return qmodel, stored, fp32
+        if not cfg.needs_calibration:
+            for name in linears:
+                rewrite(name, None)
+            return qmodel, totals[0], totals[1]
+
+        blocks = transformer_blocks(qmodel)
+        prefix = next(n for n, m in qmodel.named_modules() if m is blocks)
+        # 1. The first block's inputs (hidden states and keyword arguments) per batch.
+        caught: list[tuple[tuple, dict]] = []
+
+        def catch(module, args, kwargs):
+            caught.append((args, kwargs))
+            raise StopForward
+
+        handle = blocks[0].register_forward_pre_hook(catch, with_kwargs=True)
+        for batch in batches:
+            try:
+                qmodel(**batch)
+            except StopForward:
+                pass
+        handle.remove()
+        rows = [int(math.prod(_hidden(a, k).shape[:-1])) for a, k in caught]
+        # 2. Block by block, stage by stage.
+        for index, block in enumerate(blocks):
+            mine = {n: m for n, m in linears.items() if n.startswith(f"{prefix}.{index}.")}
+            done: set[str] = set()
+            while len(done) < len(mine):
+                cap = Capture({n: m for n, m in mine.items() if n not in done}, token_mask)
+                for args, kwargs in caught:
+                    block(*args, **kwargs)
+                cap.close()
+                # The stage: the first module called and every other one reading the same tensor.
+                first_input = cap.order[0][1]
+                stage = [n for n, x in cap.order if x is first_input]
+                for name in stage:
+                    rewrite(name, cap.get(name, rows))
+                done.update(stage)
+            for i, (args, kwargs) in enumerate(caught):
+                out = block(*args, **kwargs)
+                caught[i] = _with_hidden(args, kwargs, out[0] if isinstance(out, tuple) else out)
+        # 3. Linears after the blocks (lm_head): one forward, stopped before they compute.
+        tail = [n for n in linears if not n.startswith(f"{prefix}.")]
+        if tail:
+            cap = Capture({n: linears[n] for n in tail}, token_mask)
+            last = linears[tail[-1]]
+
+            def stop(module, args):
+                raise StopForward
+
+            handle = last.register_forward_pre_hook(stop)
+            # The pre-hook stops before the last tail module's forward hook: capture it there too.
+            pre = last.register_forward_pre_hook(
+                lambda m, a: cap.inputs[tail[-1]].append(a[0].detach().float().reshape(-1, a[0].shape[-1]).numpy()),
+                prepend=True)
+            for batch in batches:
+                try:
+                    qmodel(**batch)
+                except StopForward:
+                    pass
+            handle.remove()
+            pre.remove()
+            cap.close()
+            for name in tail:
+                rewrite(name, cap.get(name, rows))
+    return qmodel, totals[0], totals[1]
 
 
 # -- MiniLM -----------------------------------------------------------------------------------
@@ -231,7 +315,7 @@ def minilm(quick: bool) -> list[dict]:
     rows = []
     for cfg in configs(quick, language_model=False):
         start = time.time()
-        qmodel, stored, fp32 = apply_config(model, cfg, lambda m: embed(m, cal), keep, skip=("pooler",))
+        qmodel, stored, fp32 = apply_config(model, cfg, [dict(cal)], keep, skip=("pooler",))
         cos = cosines(reference, embed(qmodel, enc))
         rows.append({"who": "aviatorc", "config": cfg.label, "mean": float(cos.mean()), "worst": float(cos.min()),
                      "bytes": stored, "fp32_bytes": fp32, "seconds": time.time() - start})
@@ -321,7 +405,7 @@ def smollm2(quick: bool) -> list[dict]:
     tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, torch_dtype=torch.float32).eval()
     eval_ids = tok("\n\n".join(EVAL_TEXT), return_tensors="pt")["input_ids"]
-    cal_ids = [tok(t, return_tensors="pt")["input_ids"] for t in CALIBRATION_TEXT]
+    cal_ids = [tok(t, return_tensors="pt")["input_ids"] for t in CALIBRATION_TEXT + MORE_CALIBRATION_TEXT]
     print(f"  SmolLM2: {eval_ids.shape[1]} evaluation tokens, {sum(c.shape[1] for c in cal_ids)} calibration tokens")
 
     def logits(m) -> np.ndarray:
@@ -331,17 +415,14 @@ def smollm2(quick: bool) -> list[dict]:
     ref = logits(model)
     ppl_ref = ppl(ref, eval_ids[0].numpy())
 
-    def run_cal(m):
-        with torch.no_grad():
-            for ids in cal_ids:
-                m(input_ids=ids)
+    cal_batches = [{"input_ids": ids, "use_cache": False} for ids in cal_ids]
 
     rows = [{"who": "reference", "config": "fp32 (GGUF dequantized)", "ppl": ppl_ref, "top1": 1.0, "bytes": None,
              "fp32_bytes": None, "seconds": 0.0}]
     print(f"  {'fp32 reference':<52} ppl {ppl_ref:.3f}")
     for cfg in configs(quick, language_model=True):
         start = time.time()
-        qmodel, stored, fp32 = apply_config(model, cfg, run_cal)
+        qmodel, stored, fp32 = apply_config(model, cfg, cal_batches)
         out = logits(qmodel)
         p = ppl(out, eval_ids[0].numpy())
         agree = float(np.mean(out.argmax(-1) == ref.argmax(-1)))

@@ -171,3 +171,96 @@ CALIBRATION_TEXT = [
     "changed hands twice during the afternoon. In the end a late header decided the championship, and the "
     "supporters celebrated in the streets until long after midnight.",
 ]
+
+# More SmolLM2 calibration text (with CALIBRATION_TEXT, about 3,000 tokens): GPTQ's Hessians
+# for K up to 1,536 need several thousand tokens to be well conditioned. Topics, registers and
+# forms vary (narrative, instructions, dialogue, lists, technical prose); none of it overlaps
+# the evaluation text.
+MORE_CALIBRATION_TEXT = [
+    "The ancient city of Petra was carved directly into the rose-coloured cliffs of southern Jordan. Its builders, "
+    "the Nabataeans, grew rich by controlling the trade routes that carried incense and spices across the desert. "
+    "They built dams and cisterns to capture the rare winter rains, allowing thousands of people to live in a "
+    "place where water was scarce for most of the year.",
+    "Q: How often should I water a cactus? A: Less often than you might think. In spring and summer, water it "
+    "thoroughly once the soil has dried out completely, which may take two or three weeks. In winter, when the "
+    "plant is resting, once a month is usually enough. Too much water is the most common reason cacti die.",
+    "The committee reviewed forty-two applications for the research grant this year. After two rounds of "
+    "discussion, six projects were selected, covering topics from soil bacteria to the acoustics of concert "
+    "halls. Each team will receive funding for three years and must present its progress at an annual workshop.",
+    "My first job was in a bakery near the railway station. I started at four in the morning, shaping loaves "
+    "and pulling trays of rolls from the ovens while the rest of the town slept. The work was hard and hot, but I "
+    "loved the smell of fresh bread and the quiet conversations with the night-shift workers who came in for "
+    "breakfast on their way home.",
+    "Mathematics is sometimes described as the study of patterns. A prime number is a whole number greater than "
+    "one that can be divided evenly only by one and itself. The Greeks proved more than two thousand years ago "
+    "that there are infinitely many primes, yet questions about how they are distributed remain some of the "
+    "deepest unsolved problems in the subject.",
+    "Step one: unplug the lamp and let the old bulb cool down. Step two: unscrew the bulb gently, turning it "
+    "anticlockwise. Step three: check the wattage printed on the lamp and choose a replacement that does not "
+    "exceed it. Step four: screw in the new bulb until it is firm but not tight, then plug the lamp back in.",
+    "The Amazon rainforest produces a large share of its own rainfall. Trees draw water from the soil and release "
+    "it through their leaves, forming clouds that drift westward and fall as rain further inland. When large "
+    "areas are cleared, this cycle weakens, and scientists worry that parts of the forest could turn into dry "
+    "savanna.",
+    "\"Are you sure this is the right road?\" asked Clara, peering at the map. \"Of course,\" said her brother, "
+    "although he did not sound sure at all. The signposts had disappeared miles ago, the fuel gauge was dropping, "
+    "and the only building they had passed in an hour was a barn with no roof.",
+    "Good writing is usually clear before it is clever. Short sentences help the reader follow an argument, and "
+    "concrete examples make abstract ideas easier to grasp. Most writers find that their first draft is too "
+    "long: cutting unnecessary words is often the quickest way to improve a piece of text.",
+    "The human heart beats about one hundred thousand times a day, pumping blood through a network of vessels "
+    "that would stretch tens of thousands of kilometres if laid end to end. Oxygen-rich blood leaves the left side "
+    "of the heart, travels to the organs and muscles, and returns to the right side to be sent to the lungs.",
+    "Our hotel was a short walk from the old harbour, where fishing boats unloaded their catch every morning. We "
+    "spent the days exploring narrow streets, eating grilled sardines and swimming in a small cove beyond the "
+    "lighthouse. On the last evening a band played in the square and half the town came out to dance.",
+    "Network engineers divide the work of sending data into layers. The lowest layers deal with cables, radio "
+    "signals and the framing of bits, while higher layers handle addressing, routing and reliable delivery. "
+    "Because each layer relies only on the one below it, a web browser does not need to know whether its "
+    "packets travel over fibre, copper or wireless links.",
+    "The recipe calls for three ripe bananas, two cups of flour, half a cup of sugar, one egg, a teaspoon of "
+    "baking soda and a pinch of cinnamon. Mash the bananas, mix in the wet ingredients, fold in the dry ones and "
+    "bake the batter in a greased tin for about an hour, until a skewer comes out clean.",
+    "In 1969 two astronauts walked on the surface of the Moon while a third orbited above them. They collected "
+    "rocks, set up experiments and planted a flag before returning to their lunar module. The mission was watched "
+    "on television by hundreds of millions of people, and it remains one of the most famous events of the "
+    "twentieth century.",
+    "Dear customer, we are sorry to hear that your order arrived damaged. Please reply to this message with a "
+    "photograph of the item and its packaging, and we will send a replacement free of charge. You do not need to "
+    "return the damaged goods. We apologise for the inconvenience and thank you for your patience.",
+    "Philosophers have long argued about whether we can know anything with certainty. Some claim that all "
+    "knowledge begins with experience, while others insist that certain truths, such as those of logic and "
+    "arithmetic, can be known by reason alone. The debate shaped much of modern science and still influences how "
+    "we think about evidence.",
+    "The town's annual flower show opened on Saturday with more than three hundred entries. Prizes were awarded "
+    "for the best roses, the tallest sunflower and the most imaginative hanging basket. The overall winner, a "
+    "retired teacher, said she had been growing dahlias in her back garden for almost fifty years.",
+    "Electric current is the flow of charge through a conductor. Voltage measures the push that drives the "
+    "current, and resistance measures how strongly a material opposes it. Ohm's law ties the three together: the "
+    "current through a resistor equals the voltage across it divided by its resistance.",
+    "Wolves live in family groups called packs, usually a breeding pair and their offspring from the last few "
+    "years. They hunt together, share food and raise their pups cooperatively. After wolves were returned to "
+    "Yellowstone, researchers noticed changes throughout the park, from the behaviour of elk to the growth of "
+    "trees along the rivers.",
+    "Meeting notes, Monday: the design team will finish the new homepage by the end of the month. Marketing needs "
+    "the final images two weeks before launch. Testing revealed slow loading on older phones, so the developers "
+    "will compress the pictures and delay loading the video until the visitor scrolls down.",
+    "The violinist closed her eyes as the orchestra fell silent. For a moment the hall was completely still; then "
+    "she began the slow opening melody, so quietly that the audience leaned forward to hear it. By the final "
+    "movement many listeners were in tears, and the applause lasted for several minutes.",
+    "Recycling works best when materials are kept clean and separated. Paper soaked in food waste is often "
+    "rejected, and a single broken glass jar can contaminate a whole load of cardboard. Many cities now ask "
+    "residents to rinse containers and to check which plastics are accepted before putting them in the bin.",
+    "A good night's sleep begins long before bedtime, according to many doctors. They recommend going to bed at "
+    "the same time every night, avoiding heavy meals and caffeine in the evening, and keeping the bedroom cool, "
+    "dark and quiet. Screens should be switched off at least half an hour before sleep.",
+    "The treaty was signed after months of difficult negotiations. Both sides agreed to reduce their armies, open "
+    "the border to trade and release prisoners held since the war. Not everyone welcomed the agreement, but most "
+    "historians now see it as the beginning of a long period of peace in the region.",
+    "Children learn their first language without formal lessons, simply by listening and trying to speak. By the "
+    "age of five, most can use thousands of words and follow complex grammatical rules that they could never "
+    "explain. Linguists still debate how much of this ability is built in and how much comes from experience.",
+    "To reset your password, open the settings page and choose the security tab. Enter your current password, "
+    "then type the new one twice. A strong password is at least twelve characters long and mixes letters, numbers "
+    "and symbols. If you have forgotten your current password, use the link on the login page instead.",
+]
