@@ -148,7 +148,7 @@ def compile(  # noqa: A001 - the public verb is `aviatorc.compile`
         from aviatorc.accuracy import accuracy_report
 
         log("measuring accuracy against the fp32 model")
-        report.data["accuracy"] = accuracy_report(reference, graph, batches)
+        report.data["accuracy"] = accuracy_report(reference, graph, batches or [])
     placement = None
     if target is not None:
         from aviatorc.partition import partition

@@ -290,7 +290,7 @@ def _decode_step_class() -> type[torch.nn.Module]:
         def forward(
             self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *past_kv: torch.Tensor
         ) -> tuple[torch.Tensor, ...]:
-            cfg = self.inner.config
+            cfg: Any = self.inner.config
             cache = DynamicCache(config=cfg)
             for layer in range(cfg.num_hidden_layers):
                 cache.update(past_kv[2 * layer], past_kv[2 * layer + 1], layer)
@@ -304,7 +304,7 @@ def _decode_step_class() -> type[torch.nn.Module]:
                 cache=cache,
                 use_cache=True,
             )
-            present = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+            present = [t for layer in cache.layers for t in (layer.keys, layer.values)]  # type: ignore[union-attr]
             return (out.logits, *present)
 
     return DecodeStep

@@ -136,7 +136,7 @@ def test_passes_and_ops_listings(capsys):
     assert "MatMul" in capsys.readouterr().out
 
 
-def test_compile_api_on_a_zoo_llama_reports_accuracy_and_placement(zoo_onnx, tmp_path):
+def test_compile_api_on_a_zoo_llama_reports_accuracy_and_placement(zoo_onnx, tmp_path):  # noqa: F811
     import aviatorc
     from aviatorc import zoo
 

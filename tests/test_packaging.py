@@ -4,8 +4,9 @@ level stays light."""
 import ast
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE_ROOTS = {"aviatorc": ROOT / "aviatorc", "aviatorc.passes": ROOT / "passes", "aviatorc.backends": ROOT / "backends"}

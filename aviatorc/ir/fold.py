@@ -51,7 +51,7 @@ def _fold(node: Node) -> list[np.ndarray] | None:
         return [np.array(node.inputs[0].type.numel(), dtype=np.int64)]
     if any(not v.type.is_static or v.type.numel() > FOLD_MAX_ELEMENTS for v in node.outputs):
         return None
-    ins = []
+    ins: list[np.ndarray | None] = []
     for value in node.inputs:
         if value is None:
             ins.append(None)

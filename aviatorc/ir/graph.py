@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from aviatorc.errors import ModelFormatError
 from aviatorc.ir.data import ArrayData, TensorData
 from aviatorc.ir.types import TensorType, dtype_name
 
-AttrValue = Union[int, float, str, tuple[int, ...], tuple[float, ...], tuple[str, ...]]
+AttrValue = int | float | str | tuple[int, ...] | tuple[float, ...] | tuple[str, ...]
 
 
 class Value:

@@ -69,9 +69,9 @@ def evaluate(graph: Graph, feeds: Mapping[str, Any], *, keep: tuple[str, ...] = 
             env[id(value)] = np.asarray(array)
             if value.name in keep:
                 kept[value.name] = env[id(value)]
-        for value in node.inputs:
-            if value is not None and last_use.get(id(value)) == step and id(value) not in wanted:
-                env.pop(id(value), None)
+        for read in node.inputs:
+            if read is not None and last_use.get(id(read)) == step and id(read) not in wanted:
+                env.pop(id(read), None)
     result = {v.name: _read(env, v, "output") for v in graph.outputs}
     result.update(kept)
     return result

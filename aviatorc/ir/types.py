@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Union
 
 import numpy as np
 
 from aviatorc.errors import ModelFormatError
 
-Dim = Union[int, str, None]
+Dim = int | str | None
 
 # Closed set of element types: name -> numpy dtype. bfloat16 and the 4-bit types come
 # from ml_dtypes (a dependency of onnx) and are imported lazily.

@@ -39,9 +39,9 @@ def verify(graph: Graph) -> None:
             raise VerificationError(
                 error.message, node=node.name, op=node.op, hint=error.hint, context=_context(graph, index)
             ) from None
-        for value in node.inputs:
-            if value is not None:
-                uses[id(value)] = uses.get(id(value), 0) + 1
+        for read in node.inputs:
+            if read is not None:
+                uses[id(read)] = uses.get(id(read), 0) + 1
         for value in node.outputs:
             if value.producer is not node:
                 raise VerificationError(f"output '{value.name}' does not point back to its producer",
@@ -54,9 +54,9 @@ def verify(graph: Graph) -> None:
                 f"use list of '{value.name}' holds {len(value.users)} entries but the graph has "
                 f"{uses.get(id(value), 0)} uses", hint="edit inputs with Node.set_input, not by hand"
             )
-    for value in graph.outputs:
-        if id(value) not in defined:
-            raise VerificationError(f"graph output '{value.name}' is not defined")
+    for out in graph.outputs:
+        if id(out) not in defined:
+            raise VerificationError(f"graph output '{out.name}' is not defined")
 
 
 def _check_initializer(value: Value) -> None:

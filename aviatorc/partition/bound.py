@@ -46,7 +46,7 @@ def lower_bound(problem: Problem) -> Bound:
 
 def _knapsack(problem: Problem) -> tuple[float, int]:
     num_c, num_h = problem.num_chiplets, problem.num_cards
-    capacity = problem.capacity_bytes * num_c
+    capacity = float(problem.capacity_bytes * num_c)
     base = 0.0  # everything streamed
     items = []
     rate = _resident_rate(problem)

@@ -85,7 +85,7 @@ def solve_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[int
     # Tree edges: (chiplets - packages) * e0 + (packages - cards) * e1 + (cards - 1) * e2, where the
     # "- 1" applies only to a group with a resident tile (y). Coefficients are >= 0 because outer
     # link levels are never cheaper (the target loader checks it).
-    terms = [*max_load.values(), max_stream]
+    terms: list[cp_model.LinearExprT] = [*max_load.values(), max_stream]
     for g in groups:
         e0, e1, e2 = problem.edge_ps[g]
         terms.append(e0 * sum(u[g, c] for c in chiplets))

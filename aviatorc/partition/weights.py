@@ -68,7 +68,8 @@ def weights_from_graph(graph: Any) -> list[WeightSpec]:
                           dense_format(table.type.dtype), node.inputs[1].name if node.inputs[1] else table.name))
     if any(layer is None for _, layer, *_ in found):
         inferred = _structural_layers(graph, consumers)
-        found = [(name, inferred.get(name) if layer is None else layer, *rest) for name, layer, *rest in found]
+        found = [(name, inferred.get(name) if layer is None else layer, role, k, n, fmt, x)
+                 for name, layer, role, k, n, fmt, x in found]
     return _with_layers(found)
 
 

@@ -312,13 +312,13 @@ class Builder:
         for info in graph_proto.input:
             if info.name in self.values:
                 continue  # an initializer listed as an input (IR version < 4): a weight
-            type = type_from_proto(info.type, info.name)
-            if type is None:
+            input_type = type_from_proto(info.type, info.name)
+            if input_type is None:
                 raise ModelFormatError(
                     f"graph input '{info.name}' has no shape",
                     hint="export with input shapes (dynamic dims may be named)",
                 )
-            self.values[info.name] = self.graph.add_input(info.name, type)
+            self.values[info.name] = self.graph.add_input(info.name, input_type)
 
     def tensor_data(self, tensor: Any, type: TensorType) -> TensorData:
         """Lazy external bytes, or inline bytes as an array (shape-only: large ones dropped)."""

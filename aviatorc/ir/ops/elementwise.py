@@ -120,7 +120,7 @@ _erf = np.frompyfunc(math.erf, 1, 1)
 def _gelu(x: np.ndarray, approximate: str) -> np.ndarray:
     if approximate == "tanh":
         return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
-    return 0.5 * x * (1 + _erf(x / math.sqrt(2)).astype(np.float64))
+    return 0.5 * x * (1 + np.asarray(_erf(x / math.sqrt(2)), dtype=np.float64))
 
 
 _UNARY: dict[str, Any] = {

@@ -519,4 +519,4 @@ def pad(ins: list[Any], attrs: dict[str, Any]) -> list[np.ndarray]:
         fill = value.reshape(()) if value is not None and value.size else 0
         return [np.pad(x, widths, mode="constant", constant_values=fill)]
     mode = {"edge": "edge", "reflect": "reflect", "wrap": "wrap"}[attrs["mode"]]
-    return [np.pad(x, widths, mode=mode)]
+    return [np.pad(x, widths, mode=mode)]  # type: ignore[call-overload]
