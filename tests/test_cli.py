@@ -153,3 +153,25 @@ def test_compile_api_on_a_zoo_llama_reports_accuracy_and_placement(zoo_onnx, tmp
     assert "accuracy" in art.report.summary()
     saved = art.save(tmp_path / "llama.avc")
     assert json.loads((saved / "report.json").read_text())["options"]["quant"] == "int8"
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "the model file is empty (0 bytes)"),
+    (b"\x08\x07\x12\x04onnx\x1a\xff\xff", "not a valid ONNX protobuf"),
+])
+def test_hostile_files_fail_in_one_line_without_traceback(tmp_path, content, message):
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(content)
+    result = run_cli("compile", str(path), "-o", str(tmp_path / "bad.avc"))
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and message in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "bad.avc").exists()
+
+
+def test_malformed_target_names_file_and_key(tmp_path):
+    target = tmp_path / "board.toml"
+    target.write_text("[chiplet]\nsram_byte = 5\n")
+    result = run_cli("target", "show", str(target))
+    assert result.returncode == 1
+    assert result.stderr.strip() == (f"aviatorc: error: {target}: unknown key 'chiplet.sram_byte'; "
+                                     "did you mean 'chiplet.sram_bytes'?")
