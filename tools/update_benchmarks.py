@@ -15,7 +15,8 @@ RESULTS = ROOT / "tools" / "results"
 ORDER = [
     ("onnx_conformance", "python tools/onnx_conformance.py"),
     ("bench_import", "python tools/bench_import.py"),
-    ("bench_quant", "python tools/bench_quant.py"),
+    ("bench_quant_minilm", "python tools/bench_quant.py --only minilm"),
+    ("bench_quant_smollm2", "python tools/bench_quant.py --only smollm2"),
     ("bench_partition", "python tools/bench_partition.py"),
 ]
 
