@@ -10,6 +10,10 @@ What it rewrites:
   exponent per block of `group_size` (32 by default). A ragged last group along K is padded.
 - Method: round-to-nearest, or GPTQ (Hessian from calibration activations; the default for
   4-bit formats when calibration data is given); under 2:4 GPTQ keeps the pattern.
+  Calibration is sequential: weights are quantized stage by stage (`calibration_stages`:
+  the MatMuls reading one activation form a stage), each stage's Hessians taken from the
+  graph with every earlier stage already quantized. That costs one interpreter run of the
+  calibration batches per stage (about four per transformer layer).
 - Weights matching `keep_fp16` (fnmatch on the weight or the MatMul name, e.g. `*lm_head*`,
   `*attention.output*`) become `DequantizeWeight` in fp16. Embedding tables read only by
   `Gather` become float16 initializers, with a `Cast` to float32 after the `Gather`.
@@ -65,6 +69,16 @@ def quant_method(options: Any, has_calibration: bool) -> str:
     if options.quant_method is not None:
         return options.quant_method
     return "gptq" if options.quant in FOUR_BIT and has_calibration else "rtn"
+
+
+def gptq_damp(tokens: int, k: int) -> float:
+    """GPTQ's damping (fraction of the mean Hessian diagonal) for `tokens` calibration rows of width k.
+
+    Fewer tokens than input channels leave the Hessian nearly singular and GPTQ overfits them:
+    strong damping. all-MiniLM-L6-v2 INT4 g32 sym, embedding cosine: on 1,037 tokens damp 0.1
+    beat 0.01 (0.9888 against 0.9808 without act-order); on 2,865 tokens 0.03 0.9898, 0.01
+    0.9898, 0.1 0.9895. SmolLM2 INT4 g32 on 2,222 tokens: 0.01 +15.1% perplexity, 0.1 +16.0%."""
+    return 0.03 if tokens >= k else 0.1
 
 
 def check_quant_options(options: Any, target: Any, has_calibration: bool) -> None:
@@ -169,12 +183,14 @@ class Quantize(Pass):
         w, mask = lw.dense(), lw.mask()
         if method == "gptq":
             hessian = None
+            tokens = 0
             for mm in lw.matmuls:  # a shared weight: its inputs' Hessians add up
                 s = stats.get(mm.input(0).name)
                 if s is not None and s.hessian is not None:
                     hessian = s.hessian if hessian is None else hessian + s.hessian
+                    tokens += s.tokens
             if hessian is not None:
-                return gptq_pack(w, hessian, fmt, mask=mask, config=GPTQConfig())
+                return gptq_pack(w, hessian, fmt, mask=mask, config=GPTQConfig(damp=gptq_damp(tokens, lw.k)))
         return pack_weight(w, fmt, mask=mask)
 
     def _quantize_activation(self, graph: Graph, mm: Any, stat: ActivationStats, method: str) -> None:

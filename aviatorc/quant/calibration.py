@@ -7,8 +7,9 @@ MatMuls asked for (`evaluate(graph, feed, keep=...)`), and accumulates per layer
   exists when Hessians are skipped);
 - min, max and a high percentile of |x| (W8A8 activation ranges): the percentile is
   computed per batch and averaged, which bounds memory on long calibration sets.
-Statistics are from the unquantized model (not layer-by-layer sequential GPTQ): simpler,
-and what the measured figures in BENCHMARKS.md use.
+The passes call it once per calibration stage on the partially rewritten graph (sequential
+calibration, `aviatorc.passes._weights.calibration_stages`), so later layers see the inputs
+the already-quantized earlier layers produce.
 """
 
 from __future__ import annotations
