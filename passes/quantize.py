@@ -13,7 +13,10 @@ What it rewrites:
   Calibration is sequential: weights are quantized stage by stage (`calibration_stages`:
   the MatMuls reading one activation form a stage), each stage's Hessians taken from the
   graph with every earlier stage already quantized. That costs one interpreter run of the
-  calibration batches per stage (about four per transformer layer).
+  calibration batches per stage (about four per transformer layer). GPTQ is given the
+  weight that best reproduces the *unquantized* graph's output from those inputs
+  (`aviatorc.quant.refit.corrected_target`; the unquantized graph is kept and run beside),
+  so each layer also makes up for the error of the layers before it.
 - Weights matching `keep_fp16` (fnmatch on the weight or the MatMul name, e.g. `*lm_head*`,
   `*attention.output*`) become `DequantizeWeight` in fp16. Embedding tables read only by
   `Gather` become float16 initializers, with a `Cast` to float32 after the `Gather`.
@@ -26,7 +29,8 @@ Where it goes: after fusions (one fused QKV matrix gets one set of scales) and a
 `sparsify-2to4`; cleanup (dce) after it drops what it replaced.
 Does not handle: weights read by anything but MatMul input 1 (a transposed tied lm_head
 stays float and is noted), Gemm (the importer lowers it to MatMul), convolutions, int4 with
-`activations` (W4A8 is not modelled), and AWQ (not implemented: use gptq).
+`activations` (W4A8 is not modelled), and AWQ (not implemented: use gptq; folding AWQ's per-channel scales into the
+previous op would need a graph rewrite this pass does not do).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from aviatorc.formats import WeightFormat
 from aviatorc.ir import ArrayData, Graph, ShapeOnly, TensorType, add_value
 from aviatorc.quant.calibration import ActivationStats, check_batches, collect_stats
 from aviatorc.quant.gptq import GPTQConfig, gptq_pack
+from aviatorc.quant.refit import corrected_target
 from aviatorc.quant.rtn import pack_weight
 
 FOUR_BIT = ("int4", "mxint4")
@@ -133,6 +138,8 @@ class Quantize(Pass):
 
         counts = {"weights_quantized": 0, "weights_kept_fp16": 0, "embeddings_fp16": 0, "activations_quantized": 0}
         bytes_before = bytes_after = 0
+        # GPTQ fits each weight to the unquantized graph's output (`corrected_target`): keep it.
+        reference = graph.clone() if method == "gptq" and any(lw.has_data for lw in quantize) else None
         for lw in keep:
             fmt = WeightFormat("fp16", 0, True, lw.fmt.sparsity)
             bytes_before += lw.fmt.storage_bytes(lw.k, lw.n)
@@ -155,7 +162,7 @@ class Quantize(Pass):
             stats: dict[str, ActivationStats] = {}
             if needs_stats and any(lw in calibrated for lw in stage):
                 inputs = [mm.input(0).name for lw in stage for mm in lw.matmuls]
-                stats = collect_stats(graph, batches, inputs, hessian=method == "gptq")
+                stats = collect_stats(graph, batches, inputs, hessian=method == "gptq", reference=reference)
             for lw in stage:
                 fmt = weight_format(opts, lw.fmt.sparsity)
                 bytes_before += lw.fmt.storage_bytes(lw.k, lw.n)
@@ -182,15 +189,18 @@ class Quantize(Pass):
                       stats: dict[str, ActivationStats], ctx: PassContext):
         w, mask = lw.dense(), lw.mask()
         if method == "gptq":
-            hessian = None
+            hessian = cross = None
             tokens = 0
             for mm in lw.matmuls:  # a shared weight: its inputs' Hessians add up
                 s = stats.get(mm.input(0).name)
                 if s is not None and s.hessian is not None:
                     hessian = s.hessian if hessian is None else hessian + s.hessian
+                    if s.cross is not None:
+                        cross = s.cross if cross is None else cross + s.cross
                     tokens += s.tokens
             if hessian is not None:
-                return gptq_pack(w, hessian, fmt, mask=mask, config=GPTQConfig(damp=gptq_damp(tokens, lw.k)))
+                target = corrected_target(w, hessian, cross) if cross is not None else w
+                return gptq_pack(target, hessian, fmt, mask=mask, config=GPTQConfig(damp=gptq_damp(tokens, lw.k)))
         return pack_weight(w, fmt, mask=mask)
 
     def _quantize_activation(self, graph: Graph, mm: Any, stat: ActivationStats, method: str) -> None:

@@ -16,7 +16,9 @@ over the calibration activations), `sparsegpt` (pattern by w^2 / [H^-1]_kk^2 wit
 weights updated to compensate, from the calibration Hessian, as SparseGPT does; then the
 kept weights are refit by least squares for that pattern, `aviatorc.quant.refit`).
 Calibration is sequential: weights are pruned stage by stage (`calibration_stages`), each
-stage's statistics taken from the graph with the earlier stages already pruned. Weights matching `keep_fp16`
+stage's statistics taken from the graph with the earlier stages already pruned; SparseGPT
+is given the weight that best reproduces the unpruned graph's output from those inputs
+(`aviatorc.quant.refit.corrected_target`). Weights matching `keep_fp16`
 stay dense.
 
 Where it goes: after fusions, before `quantize` (scales are then computed on kept values).
@@ -40,7 +42,7 @@ from aviatorc.formats import WeightFormat
 from aviatorc.ir import Graph
 from aviatorc.quant.calibration import check_batches, collect_stats
 from aviatorc.quant.gptq import GPTQConfig, gptq
-from aviatorc.quant.refit import refit_masked
+from aviatorc.quant.refit import corrected_target, refit_masked
 from aviatorc.quant.rtn import pack_weight
 from aviatorc.quant.sparse import magnitude_mask, wanda_mask
 
@@ -94,12 +96,14 @@ class Sparsify2to4(Pass):
             ctx.log(f"sparsify-2to4: sequential calibration of {len(calibrated)} weight(s) in {len(stages) - 1} "
                     f"stage(s) on {len(batches)} batch(es)")
 
+        # SparseGPT fits each weight to the unpruned graph's output (`corrected_target`): keep it.
+        reference = graph.clone() if method == "sparsegpt" and calibrated else None
         bytes_before = bytes_after = 0
         for stage in stages:
             stats = {}
             if any(lw in calibrated for lw in stage):
                 inputs = [mm.input(0).name for lw in stage for mm in lw.matmuls]
-                stats = collect_stats(graph, batches, inputs, hessian=method == "sparsegpt")
+                stats = collect_stats(graph, batches, inputs, hessian=method == "sparsegpt", reference=reference)
             for lw in stage:
                 fmt = WeightFormat(lw.fmt.kind, 0, True, "2:4")
                 packed = None
@@ -111,6 +115,8 @@ class Sparsify2to4(Pass):
                         mask = wanda_mask(w, sq**0.5)
                     elif method == "sparsegpt" and mm_stats:
                         hessian = sum(s.hessian for s in mm_stats)
+                        if all(s.cross is not None for s in mm_stats):
+                            w = corrected_target(w, hessian, sum(s.cross for s in mm_stats))
                         w_swept, _, _, mask = gptq(w, hessian, None, prune_24=True, config=SPARSEGPT)
                         w = refit_masked(w, hessian, mask, start_KN=w_swept, damp=SPARSEGPT.damp,
                                          iterations=REFIT_ITERATIONS)

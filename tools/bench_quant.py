@@ -74,6 +74,11 @@ class Config:
         return self.method == "gptq" or self.sparsity_method in ("wanda", "sparsegpt")
 
     @property
+    def fp_target(self) -> bool:
+        """GPTQ and SparseGPT fit each layer to the unquantized model's output, as the passes do."""
+        return self.method == "gptq" and self.quant is not None or self.sparsity_method == "sparsegpt"
+
+    @property
     def algorithm(self) -> str:
         """What produced the row, in the words of the passes (same code path as `aviatorc.compile`)."""
         parts = []
@@ -87,7 +92,10 @@ class Config:
         if self.keep_fp16:
             parts.append(f"{', '.join(self.keep_fp16)} in fp16")
         text = "; ".join(parts)
-        return text + ("; sequential by stage" if self.needs_calibration else "; no calibration")
+        if self.fp_target:
+            text += "; sequential by stage, fit to the fp32 layer output"
+        return text + ("; sequential by stage" if self.needs_calibration and not self.fp_target else
+                       "; no calibration" if not self.needs_calibration else "")
 
 
 def configs(quick: bool, language_model: bool) -> list[Config]:
@@ -219,21 +227,53 @@ def apply_config(model, cfg: Config, batches: list[dict], token_mask=None, skip:
     reading the same activation (q/k/v; o; gate/up; down; then lm_head), and its calibration
     inputs come from the copy with every earlier stage already rewritten. The inputs of each
     transformer block are captured once and the block alone is re-run per stage (GPTQ's
-    reference implementation does the same), so the cost is a few forwards, not one per stage."""
+    reference implementation does the same), so the cost is a few forwards, not one per stage.
+    With `cfg.fp_target` (GPTQ, SparseGPT) the unquantized model runs alongside and each layer
+    is fit to its *unquantized* output (`corrected_target`), as the passes do. One difference
+    from the pass pipeline: a row that prunes and quantizes does both per layer here, where
+    `sparsify-2to4` finishes the whole graph before `quantize` starts."""
     import torch
 
     qmodel = copy.deepcopy(model)
     linears = {name: m for name, m in qmodel.named_modules()
                if isinstance(m, torch.nn.Linear) and not any(s in name for s in skip)}
+    ref_linears = dict(model.named_modules())
     totals = [0, 0]
 
-    def rewrite(name: str, x: np.ndarray | None) -> None:
+    def rewrite(name: str, x: np.ndarray | None, x_ref: np.ndarray | None = None) -> None:
         module = linears[name]
         w_KN = module.weight.detach().float().numpy().T
+        if x_ref is not None:
+            w_KN = corrected_target(w_KN, x, x_ref)
         w_hat, nbytes, fbytes = run_passes_on_linear(w_KN, x, cfg, f"{name}.weight")
         module.weight = torch.nn.Parameter(torch.from_numpy(np.ascontiguousarray(w_hat.T)))
         totals[0] += nbytes
         totals[1] += fbytes
+
+    def block_inputs(m) -> list[tuple[tuple, dict]]:
+        caught: list[tuple[tuple, dict]] = []
+
+        def catch(module, args, kwargs):
+            caught.append((args, kwargs))
+            raise StopForward
+
+        handle = transformer_blocks(m)[0].register_forward_pre_hook(catch, with_kwargs=True)
+        for batch in batches:
+            try:
+                m(**batch)
+            except StopForward:
+                pass
+        handle.remove()
+        return caught
+
+    def run_block(block, caught, modules, advance: bool) -> Capture:
+        cap = Capture(modules, token_mask)
+        for i, (args, kwargs) in enumerate(caught):
+            out = block(*args, **kwargs)
+            if advance:
+                caught[i] = _with_hidden(args, kwargs, out[0] if isinstance(out, tuple) else out)
+        cap.close()
+        return cap
 
     with torch.no_grad():
         for module in qmodel.modules():
@@ -245,65 +285,69 @@ def apply_config(model, cfg: Config, batches: list[dict], token_mask=None, skip:
             return qmodel, totals[0], totals[1]
 
         blocks = transformer_blocks(qmodel)
+        ref_blocks = transformer_blocks(model)
         prefix = next(n for n, m in qmodel.named_modules() if m is blocks)
         # 1. The first block's inputs (hidden states and keyword arguments) per batch.
-        caught: list[tuple[tuple, dict]] = []
-
-        def catch(module, args, kwargs):
-            caught.append((args, kwargs))
-            raise StopForward
-
-        handle = blocks[0].register_forward_pre_hook(catch, with_kwargs=True)
-        for batch in batches:
-            try:
-                qmodel(**batch)
-            except StopForward:
-                pass
-        handle.remove()
+        caught = block_inputs(qmodel)
+        caught_ref = block_inputs(model) if cfg.fp_target else []
         rows = [int(math.prod(_hidden(a, k).shape[:-1])) for a, k in caught]
         # 2. Block by block, stage by stage.
         for index, block in enumerate(blocks):
             mine = {n: m for n, m in linears.items() if n.startswith(f"{prefix}.{index}.")}
+            cap_ref = None
+            if cfg.fp_target:
+                cap_ref = run_block(ref_blocks[index], caught_ref, {n: ref_linears[n] for n in mine}, advance=True)
             done: set[str] = set()
             while len(done) < len(mine):
-                cap = Capture({n: m for n, m in mine.items() if n not in done}, token_mask)
-                for args, kwargs in caught:
-                    block(*args, **kwargs)
-                cap.close()
+                cap = run_block(block, caught, {n: m for n, m in mine.items() if n not in done}, advance=False)
                 # The stage: the first module called and every other one reading the same tensor.
                 first_input = cap.order[0][1]
                 stage = [n for n, x in cap.order if x is first_input]
                 for name in stage:
-                    rewrite(name, cap.get(name, rows))
+                    rewrite(name, cap.get(name, rows), cap_ref.get(name, rows) if cap_ref else None)
                 done.update(stage)
-            for i, (args, kwargs) in enumerate(caught):
-                out = block(*args, **kwargs)
-                caught[i] = _with_hidden(args, kwargs, out[0] if isinstance(out, tuple) else out)
+            run_block(block, caught, {}, advance=True)
         # 3. Linears after the blocks (lm_head): one forward, stopped before they compute.
         tail = [n for n in linears if not n.startswith(f"{prefix}.")]
         if tail:
-            cap = Capture({n: linears[n] for n in tail}, token_mask)
-            last = linears[tail[-1]]
-
-            def stop(module, args):
-                raise StopForward
-
-            handle = last.register_forward_pre_hook(stop)
-            # The pre-hook stops before the last tail module's forward hook: capture it there too.
-            pre = last.register_forward_pre_hook(
-                lambda m, a: cap.inputs[tail[-1]].append(a[0].detach().float().reshape(-1, a[0].shape[-1]).numpy()),
-                prepend=True)
-            for batch in batches:
-                try:
-                    qmodel(**batch)
-                except StopForward:
-                    pass
-            handle.remove()
-            pre.remove()
-            cap.close()
+            cap = tail_inputs(qmodel, {n: linears[n] for n in tail}, batches, token_mask)
+            cap_ref = tail_inputs(model, {n: ref_linears[n] for n in tail}, batches, token_mask) if cfg.fp_target else None
             for name in tail:
-                rewrite(name, cap.get(name, rows))
+                rewrite(name, cap.get(name, rows), cap_ref.get(name, rows) if cap_ref else None)
     return qmodel, totals[0], totals[1]
+
+
+def tail_inputs(m, modules: dict[str, object], batches: list[dict], token_mask) -> Capture:
+    """Inputs of the modules after the blocks; the forward stops before the last of them computes."""
+    names = list(modules)
+    cap = Capture(modules, token_mask)
+    last = modules[names[-1]]
+
+    def stop(module, args):
+        cap.inputs[names[-1]].append(args[0].detach().float().reshape(-1, args[0].shape[-1]).numpy())
+        raise StopForward
+
+    handle = last.register_forward_pre_hook(stop)
+    for batch in batches:
+        try:
+            m(**batch)
+        except StopForward:
+            pass
+    handle.remove()
+    cap.close()
+    return cap
+
+
+def corrected_target(w_KN: np.ndarray, x_TK: np.ndarray, x_ref_TK: np.ndarray) -> np.ndarray:
+    """`aviatorc.quant.refit.corrected_target` from captured inputs: what the passes do on a whole
+    graph (there X_ref comes from the graph as it was before the pass)."""
+    import torch
+
+    from aviatorc.quant.refit import corrected_target as fit
+
+    x = torch.from_numpy(np.asarray(x_TK, np.float64))
+    xr = torch.from_numpy(np.asarray(x_ref_TK, np.float64))
+    return fit(w_KN, (x.T @ x).numpy(), (x.T @ xr).numpy())
 
 
 # -- MiniLM -----------------------------------------------------------------------------------

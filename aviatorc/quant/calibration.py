@@ -31,12 +31,13 @@ class ActivationStats:
     tokens: int = 0
     sq_norm: np.ndarray | None = None  # [K]
     hessian: np.ndarray | None = None  # [K, K] float64
+    cross: np.ndarray | None = None  # [K, K] float64: X^T X_ref, X_ref the same input in the reference graph
     lo: float = float("inf")
     hi: float = float("-inf")
     pct_lo: list[float] = field(default_factory=list)
     pct_hi: list[float] = field(default_factory=list)
 
-    def add(self, x: np.ndarray, *, hessian: bool, percentile: float) -> None:
+    def add(self, x: np.ndarray, *, hessian: bool, percentile: float, x_ref: np.ndarray | None = None) -> None:
         x_TK = np.asarray(x, dtype=np.float64).reshape(-1, self.k)
         self.tokens += x_TK.shape[0]
         sq = (x_TK**2).sum(axis=0)
@@ -47,6 +48,9 @@ class ActivationStats:
             xt = torch.from_numpy(x_TK)
             h = (xt.T @ xt).numpy()
             self.hessian = h if self.hessian is None else self.hessian + h
+            if x_ref is not None:
+                c = (xt.T @ torch.from_numpy(np.asarray(x_ref, dtype=np.float64).reshape(-1, self.k))).numpy()
+                self.cross = c if self.cross is None else self.cross + c
         self.lo, self.hi = min(self.lo, float(x_TK.min())), max(self.hi, float(x_TK.max()))
         self.pct_lo.append(float(np.percentile(x_TK, 100.0 - percentile)))
         self.pct_hi.append(float(np.percentile(x_TK, percentile)))
@@ -88,17 +92,23 @@ def collect_stats(
     *,
     hessian: bool = True,
     percentile: float = 99.99,
+    reference: Any = None,
 ) -> dict[str, ActivationStats]:
-    """Statistics of the named values (MatMul inputs) over all batches."""
+    """Statistics of the named values (MatMul inputs) over all batches.
+
+    With `reference` (the graph before any rewriting, holding values of the same names) and
+    `hessian`, each statistic also gets the cross term X^T X_ref (`corrected_target`)."""
     from aviatorc.ir.interpreter import evaluate
 
     names = tuple(dict.fromkeys(value_names))
     stats: dict[str, ActivationStats] = {}
     for feed in check_batches(graph, batches):
         kept = evaluate(graph, feed, keep=names)
+        kept_ref = evaluate(reference, feed, keep=names) if reference is not None and hessian else {}
         for name in names:
             x = kept[name] if name in kept else feed[name]  # a graph input feeds the MatMul
+            x_ref = kept_ref.get(name, feed.get(name)) if kept_ref else None
             if name not in stats:
                 stats[name] = ActivationStats(int(x.shape[-1]))
-            stats[name].add(x, hessian=hessian, percentile=percentile)
+            stats[name].add(x, hessian=hessian, percentile=percentile, x_ref=x_ref)
     return stats

@@ -69,3 +69,38 @@ def refit_masked(
     out = x.numpy().astype(np.float32)
     out[dead.numpy()] = np.where(mask_KN[dead.numpy()], w_KN[dead.numpy()], 0.0)
     return out
+
+
+# Damping of `corrected_target`, as a fraction of the mean Hessian diagonal. all-MiniLM-L6-v2,
+# embedding cosine (2,865 calibration tokens), 2:4 SparseGPT + refit: without the correction
+# 0.8929; damp 0.03 0.8908, 0.1 0.8968, 0.3 0.9006, 1.0 0.9026. INT4 g32 sym GPTQ: without
+# 0.9898; damp 0.1 0.9909, 0.3 0.9914, 1.0 0.9916. Weak damping fits the calibration
+# tokens' noise (K up to 1,536 against a few thousand tokens).
+TARGET_DAMP = 1.0
+
+
+def corrected_target(
+    w_KN: np.ndarray, hessian_KK: np.ndarray, cross_KK: np.ndarray, *, damp: float = TARGET_DAMP
+) -> np.ndarray:
+    """The weight to quantize or prune so the layer reproduces the *unquantized* model's output.
+
+    Under sequential calibration a layer's inputs X come from the already-rewritten earlier
+    layers, while the unquantized model feeds it X_ref. GPTQ / SparseGPT minimize
+    ||X (W_hat - V)||^2 for the weight V they are given; with
+
+        V = argmin ||X V - X_ref W||^2 + lam ||V - W||^2 = (H + lam I)^-1 (C W + lam W),
+
+    H = X^T X, C = X^T X_ref, lam = damp * mean(diag H), that equals (up to a constant and
+    the damping) the error the next layers see, ||X W_hat - X_ref W||^2, so each layer also
+    compensates what the layers before it lost. With X = X_ref, V = W.
+    """
+    import torch
+
+    h = torch.from_numpy(np.array(hessian_KK, dtype=np.float64))
+    c = torch.from_numpy(np.asarray(cross_KK, dtype=np.float64))
+    w = torch.from_numpy(np.asarray(w_KN, dtype=np.float64))
+    diag = torch.diagonal(h)
+    lam = damp * float(diag[diag > 0].mean()) if bool((diag > 0).any()) else 1.0
+    h += lam * torch.eye(h.shape[0], dtype=h.dtype)
+    v = torch.linalg.solve(h, c @ w + lam * w)
+    return v.numpy().astype(np.float32)

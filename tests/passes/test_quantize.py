@@ -155,3 +155,34 @@ def test_weight_read_by_another_op_is_left_alone() -> None:
     records = run(g, quant="int8")
     assert "lm_head.weight" in g.initializers
     assert any("also read by Transpose 'tied'" in note for note in records[0].notes)
+
+
+def test_calibration_stages_follow_the_data_flow() -> None:
+    from aviatorc.passes._weights import calibration_stages, find_linear_weights
+
+    g = tiny_lm()
+    weights, _ = find_linear_weights(g)
+    stages = calibration_stages(g, weights)
+    assert [[lw.name for lw in stage] for stage in stages] == [["mlp.up.weight"], ["mlp.down.weight"],
+                                                               ["lm_head.weight"]]
+
+
+def test_calibration_is_sequential() -> None:
+    """The second layer's GPTQ Hessian comes from the first layer already quantized."""
+    from aviatorc.quant import calibration
+
+    seen = []
+    original = calibration.collect_stats
+
+    def spy(graph, batches, names, **kw):
+        seen.append([n.op for n in graph.nodes if n.op in ("DequantizeWeight",)])
+        return original(graph, batches, names, **kw)
+
+    import aviatorc.passes.quantize as quantize_pass
+
+    quantize_pass.collect_stats, saved = spy, quantize_pass.collect_stats
+    try:
+        run(tiny_lm(), calibration=lm_batches(), quant="int4")
+    finally:
+        quantize_pass.collect_stats = saved
+    assert [len(ops) for ops in seen] == [0, 1, 2]
