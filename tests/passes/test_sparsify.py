@@ -113,3 +113,25 @@ def test_bad_options(options, target, message) -> None:
     with pytest.raises(OptionError) as info:
         run(g, ["sparsify-2to4"], target=target, **options)
     assert message in str(info.value)
+
+
+def test_sparsegpt_calibration_is_sequential() -> None:
+    """Each stage's statistics come from the graph with the earlier stages pruned, and carry the
+    cross term with the unpruned graph."""
+    import aviatorc.passes.sparsify as sparsify_pass
+
+    seen = []
+    original = sparsify_pass.collect_stats
+
+    def spy(graph, batches, names, **kw):
+        seen.append(sum(n.op == "DequantizeWeight" for n in graph.nodes))
+        stats = original(graph, batches, names, **kw)
+        assert all(s.cross is not None for s in stats.values())
+        return stats
+
+    sparsify_pass.collect_stats = spy
+    try:
+        run(tiny_lm(), ["sparsify-2to4"], calibration=lm_batches(), sparsity="2:4", sparsity_method="sparsegpt")
+    finally:
+        sparsify_pass.collect_stats = original
+    assert seen == [0, 1, 2]

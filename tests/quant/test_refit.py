@@ -42,3 +42,26 @@ def test_untouched_input_rows_keep_their_weights() -> None:
     mask[2] = False
     got = refit_masked(w, h, mask)
     np.testing.assert_array_equal(got[3], w[3])
+
+
+def test_corrected_target_is_the_weight_when_inputs_agree() -> None:
+    from aviatorc.quant.refit import corrected_target
+
+    x, w, h = layer(8, k=32, n=8, tokens=256)
+    np.testing.assert_allclose(corrected_target(w, h, h), w, rtol=1e-5, atol=1e-5)
+
+
+def test_corrected_target_makes_up_for_upstream_error() -> None:
+    """Inputs perturbed by an earlier layer's error: V reproduces the reference output better than W."""
+    from aviatorc.quant.refit import corrected_target
+
+    rng = np.random.default_rng(9)
+    x_ref, w, _ = layer(9, k=64, n=16, tokens=2048)
+    x = x_ref + 0.2 * x_ref @ (rng.standard_normal((64, 64)) * 0.1)  # a correlated upstream error
+    h, c = x.T.astype(np.float64) @ x, x.T.astype(np.float64) @ x_ref
+    v = corrected_target(w, h, c, damp=0.01)
+
+    def err(weight):
+        return float(np.linalg.norm(x @ weight - x_ref @ w))
+
+    assert err(v) < 0.5 * err(w)
