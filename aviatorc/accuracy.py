@@ -147,7 +147,10 @@ def accuracy_report(reference: Any, transformed: Any, batches: Sequence[Mapping[
             cosines[ref_out.name].append(float(cosine(a, b)))
             pccs[ref_out.name].append(pcc(a, b))
             ids = feed.get("input_ids")
-            if ids is not None and a.ndim == 3 and np.asarray(ids).ndim == 2 and a.shape[:2] == np.asarray(ids).shape:
+            # Logits over the vocabulary: [batch, seq, V] with every id < V. An encoder's hidden
+            # states have the same leading shape (MiniLM: width 384, ids up to 30,522): no perplexity.
+            if (ids is not None and a.ndim == 3 and np.asarray(ids).ndim == 2
+                    and a.shape[:2] == np.asarray(ids).shape and int(np.max(ids)) < a.shape[-1]):
                 entry = lm.setdefault(ref_out.name, {"agree": 0.0, "positions": 0.0, "nll_ref": 0.0,
                                                      "nll_test": 0.0, "tokens": 0.0})
                 entry["agree"] += top1_agreement(a, b) * a.shape[0] * a.shape[1]

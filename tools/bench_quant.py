@@ -108,6 +108,7 @@ def configs(quick: bool, language_model: bool) -> list[Config]:
         Config("INT4 g32 sym (GPTQ)", "int4", 32, method="gptq"),
         Config("INT4 g32 asym (GPTQ)", "int4", 32, symmetric=False, method="gptq"),
         Config("MXINT8 b32 (RTN)", "mxint8", 32),
+        Config("MXINT8 b32 (GPTQ)", "mxint8", 32, method="gptq"),
         Config("MXINT4 b32 (RTN)", "mxint4", 32),
         Config("MXINT4 b32 (GPTQ)", "mxint4", 32, method="gptq"),
         Config("2:4 magnitude", sparsity_method="magnitude"),
