@@ -169,15 +169,15 @@ def accuracy_report(reference: Any, transformed: Any, batches: Sequence[Mapping[
                           "max_abs_error_in_model": round(in_model[mm.name].max_error, 6)})
     end_to_end = []
     for name, acc in outputs.items():
-        entry: dict[str, Any] = {"output": name, "cosine": round(float(np.mean(cosines[name])), 6),
-                                 "pcc": round(float(np.mean(pccs[name])), 6), "max_abs_diff": round(acc.max_error, 6),
-                                 "sqnr_db": _finite(acc.sqnr_db)}
+        result: dict[str, Any] = {"output": name, "cosine": round(float(np.mean(cosines[name])), 6),
+                                  "pcc": round(float(np.mean(pccs[name])), 6), "max_abs_diff": round(acc.max_error, 6),
+                                  "sqnr_db": _finite(acc.sqnr_db)}
         if name in lm:
             stats = lm[name]
-            entry["top1_agreement"] = round(stats["agree"] / stats["positions"], 4)
-            entry["perplexity_reference"] = round(math.exp(stats["nll_ref"] / stats["tokens"]), 4)
-            entry["perplexity"] = round(math.exp(stats["nll_test"] / stats["tokens"]), 4)
-        end_to_end.append(entry)
+            result["top1_agreement"] = round(stats["agree"] / stats["positions"], 4)
+            result["perplexity_reference"] = round(math.exp(stats["nll_ref"] / stats["tokens"]), 4)
+            result["perplexity"] = round(math.exp(stats["nll_test"] / stats["tokens"]), 4)
+        end_to_end.append(result)
     return {"batches": len(batches), "layers": per_layer, "end_to_end": end_to_end}
 
 

@@ -107,6 +107,7 @@ def _classify(w: Value, matmul: Node) -> tuple[str, LinearWeight | None]:
     if w.type.rank != 2 or not w.type.is_static:
         return "", None  # an activation-by-activation MatMul (attention scores): not a weight
     k, n = w.type.shape  # type: ignore[misc]
+    assert isinstance(k, int) and isinstance(n, int)  # static: checked above
     if w.is_initializer:
         if w.type.dtype not in ("float32", "float16", "bfloat16"):
             return f"weight '{w.name}' is {w.type.dtype}: only float weights are rewritten", None

@@ -238,6 +238,7 @@ def embeddings_to_fp16(graph: Graph, notes: list[Note]) -> tuple[list[int], list
             _redirect(graph, out, new_gather)
             graph.remove_node(gather)
             # The Cast takes the old output's name: graph outputs keep their names.
+            assert new_gather.producer is not None
             position = graph.nodes.index(new_gather.producer) + 1
             after_node = graph.nodes[position] if position < len(graph.nodes) else None
             cast = add_value(graph, "Cast", [new_gather], {"to": "float32"}, name=graph.unique_name(f"{gather.name}.cast"),

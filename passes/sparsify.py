@@ -28,6 +28,7 @@ than 2:4, and sparsity along N.
 
 from __future__ import annotations
 
+import numpy as np
 from aviatorc.passes._weights import (
     add_packed_weight,
     calibration_stages,
@@ -111,13 +112,16 @@ class Sparsify2to4(Pass):
                     w = lw.dense()
                     mm_stats = [stats[mm.input(0).name] for mm in lw.matmuls if mm.input(0).name in stats]
                     if method == "wanda" and mm_stats:
-                        sq = sum(s.sq_norm for s in mm_stats)
+                        sq = _total([s.sq_norm for s in mm_stats])
                         mask = wanda_mask(w, sq**0.5)
                     elif method == "sparsegpt" and mm_stats:
-                        hessian = sum(s.hessian for s in mm_stats)
-                        if all(s.cross is not None for s in mm_stats):
-                            w = corrected_target(w, hessian, sum(s.cross for s in mm_stats))
-                        w_swept, _, _, mask = gptq(w, hessian, None, prune_24=True, config=SPARSEGPT)
+                        hessian = _total([s.hessian for s in mm_stats])
+                        crosses = [s.cross for s in mm_stats]
+                        if all(c is not None for c in crosses):
+                            w = corrected_target(w, hessian, _total(crosses))
+                        w_swept, _, _, pruned = gptq(w, hessian, None, prune_24=True, config=SPARSEGPT)
+                        assert pruned is not None  # prune_24 always returns the mask
+                        mask = pruned
                         w = refit_masked(w, hessian, mask, start_KN=w_swept, damp=SPARSEGPT.damp,
                                          iterations=REFIT_ITERATIONS)
                     else:
@@ -128,3 +132,10 @@ class Sparsify2to4(Pass):
                 bytes_after += fmt.storage_bytes(lw.k, lw.n)
         return PassResult(bool(todo), {"weights_sparsified": len(todo), "method": method,
                                        "weight_bytes_before": bytes_before, "weight_bytes_after": bytes_after}, notes)
+
+
+def _total(arrays: list[np.ndarray | None]) -> np.ndarray:
+    """The sum of per-MatMul statistics of one weight (collected, so never None here)."""
+    present = [a for a in arrays if a is not None]
+    assert len(present) == len(arrays)
+    return np.sum(present, axis=0)

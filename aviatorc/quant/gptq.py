@@ -85,6 +85,7 @@ def gptq(
     have = np.zeros(groups, bool)
 
     def params(group: int, cols_W: np.ndarray, rw: np.ndarray) -> None:
+        assert fmt is not None  # only called when quantizing
         s, z = quant_params(cols_W.T, fmt, clip_search=config.clip_search, row_weight=rw,
                             rows_per_group=cols_W.shape[1])
         scale[group], zero[group] = s[0], z[0]

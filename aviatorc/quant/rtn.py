@@ -194,6 +194,7 @@ def quant_params(
         if best_err is None:
             best_scale, best_zero, best_err = scale, zero, err
         else:
+            assert best_scale is not None and best_zero is not None
             better = err < best_err
             best_scale = np.where(better, scale, best_scale)
             best_zero = np.where(better, zero, best_zero)
@@ -273,6 +274,7 @@ def pack_weight(
     w_pad = _pad_rows(w, groups * g)
     codes = quantize_codes(w_pad, expand_groups(scale, groups * g, g), expand_groups(zero, groups * g, g), fmt)
     codes = codes.astype(np.int16)
+    arrays: tuple[np.ndarray | None, ...]
     if fmt.kind == "int8":
         arrays = (codes[:ks].astype(np.int8), scale.reshape(n).astype(np.float16), None, indices)
     elif fmt.kind == "int4":

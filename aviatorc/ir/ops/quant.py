@@ -104,12 +104,15 @@ def dequantize(arrays: tuple[np.ndarray | None, ...] | list[np.ndarray | None], 
     """The float32 [K, N] weight the stored arrays stand for (the `DequantizeWeight` kernel)."""
     arrays = list(arrays) + [None] * (4 - len(arrays))
     values, scale, zero, indices = arrays
+    assert values is not None  # the type rule checked the inputs against the layout
     ks = stored_rows(fmt, k)
     if fmt.kind in _FLOAT_DTYPES:
         w = values.astype(np.float32)
     elif fmt.kind == "int8":
+        assert scale is not None
         w = values.astype(np.float32) * scale.astype(np.float32)[None, :]
     else:
+        assert scale is not None
         g = fmt.group_size
         if fmt.bits == 4:
             codes = unpack_nibbles_k(values, signed=fmt.kind == "mxint4" or fmt.symmetric)
@@ -123,10 +126,12 @@ def dequantize(arrays: tuple[np.ndarray | None, ...] | list[np.ndarray | None], 
             s = scale.astype(np.float32)
             z = np.zeros_like(s)
             if not fmt.symmetric:
+                assert zero is not None
                 z = unpack_bits_flat(zero, 4, s.size).reshape(s.shape).astype(np.float32)
         w = (codes.astype(np.float32) - expand_groups(z, rows, g)) * expand_groups(s, rows, g)
         w = w[:ks]
     if fmt.sparsity == "2:4":
+        assert indices is not None
         idx = unpack_bits_flat(indices, 2, ks * n).reshape(ks, n)
         w = expand_24(w, idx, k)
     return np.ascontiguousarray(w[:k], dtype=np.float32)
