@@ -19,6 +19,16 @@ from typing import Any
 
 from aviatorc import __version__
 from aviatorc.errors import AviatorError, VerificationError
+from aviatorc.options import (
+    ACTIVATION_METHODS,
+    CALIBRATION_METHODS,
+    QUANT_CHOICES,
+    SPARSITY_CHOICES,
+    SPARSITY_METHODS,
+    CompileOptions,
+)
+
+DEFAULTS = CompileOptions()
 
 EXIT_USER_ERROR = 1
 
@@ -56,15 +66,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="artifact directory to write")
     p.add_argument("--target", help="a shipped target name (see `aviatorc target list`) or a TOML file")
     p.add_argument("--cards", type=int, help="build an N-card server from the target's card description")
-    p.add_argument("--quant", choices=["int8", "int4", "mxint8", "mxint4"], help="weight quantization")
-    p.add_argument("--group-size", type=int, default=32, help="int4 group size along the reduction dim (32/64/128)")
+    p.add_argument("--quant", choices=QUANT_CHOICES, help="weight quantization")
+    p.add_argument("--group-size", type=int, default=DEFAULTS.group_size,
+                   help="int4 / mx group size along the reduction dim (32/64/128)")
     p.add_argument("--asymmetric", action="store_true", help="int4 with zero points")
-    p.add_argument("--quant-method", choices=["rtn", "gptq", "awq"], help="default: gptq for int4 with calibration")
-    p.add_argument("--sparsity", choices=["2:4"], help="structured sparsity")
-    p.add_argument("--sparsity-method", choices=["magnitude", "wanda", "sparsegpt"], default="magnitude")
+    p.add_argument("--quant-method", choices=CALIBRATION_METHODS, help="default: gptq for 4-bit with calibration")
+    p.add_argument("--sparsity", choices=SPARSITY_CHOICES, help="structured sparsity")
+    p.add_argument("--sparsity-method", choices=SPARSITY_METHODS, default=DEFAULTS.sparsity_method)
     p.add_argument("--keep-fp16", action="append", default=[], metavar="PATTERN",
                    help="keep weights whose name matches this fnmatch pattern in FP16 (repeatable)")
-    p.add_argument("--activations", choices=["minmax", "percentile"], help="W8A8: calibrate activation ranges")
+    p.add_argument("--activations", choices=ACTIVATION_METHODS, help="W8A8: calibrate activation ranges")
     p.add_argument("--calibration", metavar="FILE.npz", help="calibration batches: one array per input, batches on axis 0")
     p.add_argument("--no-fuse-qkv", action="store_true", help="leave q/k/v projections separate")
     p.add_argument("--passes", help="explicit comma-separated pass pipeline (overrides the options)")
@@ -95,7 +106,8 @@ def _parser() -> argparse.ArgumentParser:
 def _console() -> Any:
     from rich.console import Console
 
-    return Console(highlight=False)
+    # No markup: paths and model names are printed as they are ("[v2]" is not a style tag).
+    return Console(highlight=False, markup=False)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -113,7 +125,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     console = _console()
-    console.print(f"[bold]{args.model}[/bold]: graph '{summary.name}', {summary.num_nodes} nodes, "
+    console.print(f"{args.model}: graph '{summary.name}', {summary.num_nodes} nodes, "
                   f"{human_count(summary.num_parameters)} parameters"
                   + (" (shape-only)" if summary.shape_only else "") + f", imported in {seconds:.1f} s")
     io = Table(title="inputs and outputs")
@@ -147,7 +159,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from aviatorc.compiler import load_calibration_npz
 
     console = _console()
-    log = (lambda text: None) if args.quiet else (lambda text: console.print(f"[dim]{text}[/dim]", markup=True)
+    log = (lambda text: None) if args.quiet else (lambda text: console.print(text, style="dim")
                                                    if not text.startswith("// IR") else print(text))
     calibration = load_calibration_npz(args.calibration) if args.calibration else None
     options: dict[str, Any] = {

@@ -29,6 +29,7 @@ from aviatorc.ir.interpreter import check_feeds
 from aviatorc.options import CompileOptions
 
 REPORT_VERSION = 1
+ARTIFACT_FILES = frozenset({"graph.ir", "report.json", "timings.json"})
 
 
 @dataclass
@@ -77,16 +78,29 @@ class CompileResult:
     report: Report
     options: CompileOptions
     placement: Any = None
+    timings: dict[str, Any] = field(default_factory=dict)  # wall clock: kept out of report.json
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the artifact directory atomically: a temp folder renamed into place."""
-        files = {"graph.ir": print_graph(self.graph), "report.json": self.report.to_json()}
+        files = {"graph.ir": print_graph(self.graph), "report.json": self.report.to_json(),
+                 "timings.json": json.dumps(self.timings, indent=2, sort_keys=True) + "\n"}
         return write_directory_atomically(Path(path), files)
 
 
 def write_directory_atomically(out: Path, files: Mapping[str, str]) -> Path:
+    """Write `files` into a fresh staging folder beside `out`, then rename it to `out`.
+
+    An existing `out` is replaced only when it holds nothing but artifact files: a compile must
+    never delete a user's folder."""
+    out = Path(os.path.abspath(out))
     if out.exists() and not out.is_dir():
         raise OptionError(f"output '{out}' exists and is not a directory")
+    if out.is_dir():
+        foreign = sorted(p.name for p in out.iterdir() if p.name not in ARTIFACT_FILES)
+        if foreign:
+            raise OptionError(f"output '{out}' is a directory that is not an aviatorc artifact "
+                              f"(it holds {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''})",
+                              hint="choose a new output path; only an earlier artifact is replaced")
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -128,13 +142,13 @@ def compile(  # noqa: A001 - the public verb is `aviatorc.compile`
     time_limit_s = float(options.pop("time_limit_s", 30.0))
     if "keep_fp16" in options and options["keep_fp16"] is not None:
         options["keep_fp16"] = tuple(options["keep_fp16"])
-    opts = CompileOptions(**options)
+    opts = make_options(options)
     target = _load_target(opts)
     log(f"importing {_describe(source)}")
     started = time.perf_counter()
     graph = import_model(source, example_inputs)
-    log(f"imported {len(graph.nodes)} nodes, {len(graph.initializers)} initializers in "
-        f"{time.perf_counter() - started:.1f} s")
+    timings: dict[str, Any] = {"import_s": round(time.perf_counter() - started, 3)}
+    log(f"imported {len(graph.nodes)} nodes, {len(graph.initializers)} initializers in {timings['import_s']:.1f} s")
     batches = check_calibration(graph, calibration)
     reference = graph.clone() if batches and (opts.quant or opts.sparsity) else None
 
@@ -142,7 +156,9 @@ def compile(  # noqa: A001 - the public verb is `aviatorc.compile`
                      "options": _options_dict(opts), "model": summarize(graph).to_dict()})
     ctx = PassContext(options=opts, target=target, calibration=batches, log=log)
     records = run_passes(graph, build_pipeline(opts), ctx)
-    report.data["passes"] = [r.to_dict() for r in records]
+    # Wall-clock figures go to timings.json, so report.json is byte-identical across runs.
+    report.data["passes"] = [{k: v for k, v in r.to_dict().items() if k != "seconds"} for r in records]
+    timings["passes_s"] = {f"{i}:{r.name}": round(r.seconds, 4) for i, r in enumerate(records)}
     report.data["weights"] = _weight_accounting(graph)
     if reference is not None:
         from aviatorc.accuracy import accuracy_report
@@ -156,14 +172,29 @@ def compile(  # noqa: A001 - the public verb is `aviatorc.compile`
 
         log(f"partitioning onto {target.name}")
         placement = partition(weights_from_graph(graph), target, time_limit_s=time_limit_s, seed=opts.seed)
-        report.data["placement"] = placement.to_dict()
-    return CompileResult(graph, report, opts, placement)
+        report.data["placement"] = {k: v for k, v in placement.to_dict().items() if k != "solve_time_s"}
+        timings["partition_s"] = placement.solve_time_s
+    return CompileResult(graph, report, opts, placement, timings)
+
+
+def make_options(options: dict[str, Any]) -> CompileOptions:
+    """CompileOptions from keyword options; an unknown keyword gets a did-you-mean."""
+    import dataclasses
+    import difflib
+
+    known = {f.name for f in dataclasses.fields(CompileOptions) if f.name != "extra"}
+    for key in options:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known | {"time_limit_s"}), n=1)
+            raise OptionError(f"unknown compile option '{key}'",
+                              hint=f"did you mean '{close[0]}'?" if close else f"options are {', '.join(sorted(known))}")
+    return CompileOptions(**options)
 
 
 def _load_target(opts: CompileOptions) -> Any:
     if opts.target is None:
         if opts.cards is not None:
-            raise OptionError("--cards needs a target", hint="add --target corsair")
+            raise OptionError("cards (--cards) needs a target", hint="add target='corsair' (--target corsair)")
         return None
     from aviatorc.target import load_target
 

@@ -16,6 +16,7 @@ QUANT_CHOICES = ("int8", "int4", "mxint8", "mxint4")
 SPARSITY_CHOICES = ("2:4",)
 CALIBRATION_METHODS = ("rtn", "gptq", "awq")
 SPARSITY_METHODS = ("magnitude", "wanda", "sparsegpt")
+ACTIVATION_METHODS = ("minmax", "percentile")
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class CompileOptions:
         if self.sparsity_method not in SPARSITY_METHODS:
             raise OptionError(f"unknown sparsity method '{self.sparsity_method}'",
                               hint=f"choose one of {', '.join(SPARSITY_METHODS)}")
-        if self.activations not in (None, "minmax", "percentile"):
+        if self.activations is not None and self.activations not in ACTIVATION_METHODS:
             raise OptionError(f"unknown activation calibration '{self.activations}'", hint="choose minmax or percentile")
         if self.cards is not None and self.cards < 1:
-            raise OptionError(f"--cards must be at least 1, got {self.cards}")
+            raise OptionError(f"cards (--cards) must be at least 1, got {self.cards}")

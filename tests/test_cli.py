@@ -57,7 +57,7 @@ def test_compile_writes_ir_and_report(tmp_path):
     out = tmp_path / "mlp.avc"
     result = run_cli("compile", str(path), "-o", str(out), "--target", "mock", "--quant", "int8", "-q")
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["graph.ir", "report.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["graph.ir", "report.json", "timings.json"]
     report = json.loads((out / "report.json").read_text())
     assert report["weights"]["bytes_by_format"] == {"int8": (64 * 128 + 128 * 2) + (128 * 64 + 64 * 2)}
     assert report["placement"]["status"] in ("optimal", "feasible", "greedy")
@@ -68,16 +68,36 @@ def test_compile_writes_ir_and_report(tmp_path):
 
 def test_same_inputs_give_byte_identical_output(tmp_path):
     path = mlp_onnx(tmp_path / "mlp.onnx")
-    texts = []
+    outputs = []
     for name in ("a.avc", "b.avc"):
         assert run_cli("compile", str(path), "-o", str(tmp_path / name), "--target", "mock", "--quant", "int4",
                        "-q").returncode == 0
-        report = json.loads((tmp_path / name / "report.json").read_text())
-        for record in report["passes"]:
-            record.pop("seconds")
-        report["placement"].pop("solve_time_s", None)
-        texts.append(((tmp_path / name / "graph.ir").read_text(), json.dumps(report, sort_keys=True)))
-    assert texts[0] == texts[1]
+        outputs.append([(tmp_path / name / f).read_bytes() for f in ("graph.ir", "report.json")])
+    assert outputs[0] == outputs[1]  # wall-clock figures live in timings.json only
+    assert "import_s" in json.loads((tmp_path / "a.avc" / "timings.json").read_text())
+
+
+def test_compile_never_deletes_a_folder_that_is_not_an_artifact(tmp_path):
+    path = mlp_onnx(tmp_path / "mlp.onnx")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "notes.txt").write_text("mine")
+    result = run_cli("compile", str(path), "-o", str(project))
+    assert result.returncode == 1 and "is not an aviatorc artifact (it holds notes.txt)" in result.stderr
+    assert (project / "notes.txt").read_text() == "mine"
+    # An earlier artifact is replaced.
+    out = tmp_path / "m.avc"
+    assert run_cli("compile", str(path), "-o", str(out), "-q").returncode == 0
+    assert run_cli("compile", str(path), "-o", str(out), "-q").returncode == 0
+    assert sorted(p.name for p in out.iterdir()) == ["graph.ir", "report.json", "timings.json"]
+
+
+def test_unknown_api_option_gets_did_you_mean(tmp_path):
+    import aviatorc
+    from aviatorc.errors import OptionError
+
+    with pytest.raises(OptionError, match="unknown compile option 'quantize'; did you mean 'quant'"):
+        aviatorc.compile(mlp_onnx(tmp_path / "mlp.onnx"), quantize="int8")
 
 
 def test_unsupported_ops_fail_in_one_line_and_write_nothing(tmp_path):
@@ -99,7 +119,7 @@ def test_unsupported_ops_fail_in_one_line_and_write_nothing(tmp_path):
         (["--passes", "fuse-qvk"], "unknown pass 'fuse-qvk'; did you mean 'fuse-qkv'?"),
         (["--quant", "int4", "--group-size", "48"], "group size 48 is not supported"),
         (["--target", "corsiar"], "corsiar"),
-        (["--cards", "2"], "--cards needs a target"),
+        (["--cards", "2"], "cards (--cards) needs a target"),
     ],
 )
 def test_bad_options_get_clear_errors(tmp_path, args, message):

@@ -4,9 +4,8 @@ level stays light."""
 import ast
 import subprocess
 import sys
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE_ROOTS = {"aviatorc": ROOT / "aviatorc", "aviatorc.passes": ROOT / "passes", "aviatorc.backends": ROOT / "backends"}

@@ -25,9 +25,9 @@ try:  # `python -m pytest` from the repo root puts the root on sys.path ...
 except ImportError:  # ... plain `pytest` (rootdir-less import mode) puts tests/ there instead.
     from zoo_fixtures import decode_onnx_path, zoo_dir, zoo_onnx  # type: ignore[no-redef]  # noqa: F401
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-torch = pytest.importorskip("torch")
+import onnx
+import onnxruntime as ort
+import torch
 
 ATOL = 1e-4
 

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from aviatorc.errors import EvaluationError, ModelFormatError
+from aviatorc.errors import EvaluationError, ModelFormatError, UnsafePathError
 from aviatorc.ir.types import TensorType, numpy_dtype
 
 
@@ -60,8 +60,9 @@ class ShapeOnly:
 class FileRegion:
     """Bytes at [offset, offset + length) of a file, read on first use and not cached.
 
-    The file is checked when the region is created (the caller validates the path); the
-    read re-checks the size so a file truncated after import still fails cleanly.
+    The file is checked when the region is created (the caller validates the path) and its
+    identity (device, inode) recorded; the read opens it without following a symlink and
+    refuses a different file, so a path swapped for a link after import reads nothing foreign.
     """
 
     path: Path
@@ -70,7 +71,9 @@ class FileRegion:
     type: TensorType
 
     def __post_init__(self) -> None:
-        size = os.path.getsize(self.path)
+        stat = os.stat(self.path, follow_symlinks=False)
+        object.__setattr__(self, "_identity", (stat.st_dev, stat.st_ino))
+        size = stat.st_size
         if self.offset < 0 or self.length < 0 or self.offset + self.length > size:
             raise ModelFormatError(
                 f"external data [{self.offset}, {self.offset + self.length}) lies past the end of "
@@ -84,7 +87,15 @@ class FileRegion:
 
     def load(self) -> np.ndarray:
         dtype = numpy_dtype(self.type.dtype)
-        with open(self.path, "rb") as f:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError as error:
+            raise ModelFormatError(f"cannot read external data: {error.strerror}", file=str(self.path)) from None
+        with os.fdopen(fd, "rb") as f:
+            stat = os.fstat(f.fileno())
+            if (stat.st_dev, stat.st_ino) != self._identity:
+                raise UnsafePathError(f"external data file '{self.path.name}' was replaced after import",
+                                      file=str(self.path))
             f.seek(self.offset)
             raw = f.read(self.length)
         if len(raw) != self.length:

@@ -98,11 +98,18 @@ def print_graph(graph: Graph) -> str:
 _TOKEN = re.compile(
     r"""\s*(?:
         (?P<str>"(?:[^"\\]|\\.)*")
-      | (?P<num>-?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|\d+|inf|nan))
+      | (?P<num>-?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|\d+|inf|nan)(?![A-Za-z0-9_.]))
       | (?P<word>[A-Za-z_][A-Za-z0-9_.]*)
       | (?P<punct>[%@\[\](){}=,:?])
     )""",
     re.VERBOSE,
+)
+
+
+# A const line: the head is tokenized, the values after the type's "=" are JSON.
+_CONST_LINE = re.compile(
+    r'^(?P<head>\s*const\s+%(?:"(?:[^"\\]|\\.)*"|[A-Za-z_][A-Za-z0-9_.]*)\s*:\s*[A-Za-z0-9_]+\[(?:"(?:[^"\\]|\\.)*"|[^\]"])*\])'
+    r"\s*=\s*(?P<values>.*)$"
 )
 
 
@@ -206,7 +213,8 @@ def parse_graph(text: str) -> Graph:
         return values[name]
 
     for lineno, line in lines[1:]:
-        tokens = _Tokens(line, lineno)
+        const = _CONST_LINE.match(line)
+        tokens = _Tokens(const["head"] if const else line, lineno)
         head = tokens.peek()
         if head == "}":
             break
@@ -227,8 +235,12 @@ def parse_graph(text: str) -> Graph:
             type = tokens.type()
             data: Any = ShapeOnly("parsed from text")
             if head == "const":
-                tokens.take("=")
-                raw = json.loads(line.split("=", 1)[1])
+                if const is None:
+                    raise tokens.error("a const needs '= [values]' after its type")
+                try:
+                    raw = json.loads(const["values"])
+                except json.JSONDecodeError as error:
+                    raise tokens.error(f"const values are not valid JSON ({error.msg})") from None
                 data = ArrayData(np.array(raw, dtype=numpy_dtype(type.dtype)).reshape(type.shape))  # type: ignore[arg-type]
             values[name] = graph.add_initializer(name, type, data)
         elif head == "output":

@@ -12,11 +12,10 @@ from __future__ import annotations
 import copy
 import difflib
 import math
+import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from aviatorc.errors import TargetError
 from aviatorc.formats import KINDS

@@ -7,9 +7,8 @@ import json
 
 import numpy as np
 import pytest
-
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+import torch
+import transformers  # noqa: F401
 
 import aviatorc  # noqa: E402
 from aviatorc.errors import EvaluationError, ModelFormatError, OptionError  # noqa: E402

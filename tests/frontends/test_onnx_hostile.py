@@ -284,3 +284,42 @@ def test_every_error_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(AviatorError) as info:
         import_onnx(path)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("node, message", [
+    (helper.make_node("CastLike", ["x", ""], ["y"], name="n"), "required input 1 is missing"),
+    (helper.make_node("Gemm", ["", "x"], ["y"], name="n"), "required input 0 is missing"),
+    (helper.make_node("Cast", ["x"], ["y"], name="n"), "required attribute 'to' is missing"),
+])
+def test_malformed_nodes_are_model_errors(tmp_path: Path, node, message) -> None:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    path = _save(_model([node], [x], [y]), tmp_path / "m.onnx")
+    with pytest.raises(ModelFormatError) as info:
+        import_onnx(path)
+    assert message in str(info.value) and info.value.node == "n" and "\n" not in str(info.value)
+
+
+def test_external_data_swapped_for_a_link_after_import_is_refused(tmp_path: Path) -> None:
+    import os
+
+    import numpy as np
+
+    from aviatorc.errors import UnsafePathError
+    from aviatorc.ir.data import FileRegion
+    from aviatorc.ir.types import TensorType
+
+    data = tmp_path / "w.bin"
+    data.write_bytes(np.arange(4, dtype=np.float32).tobytes())
+    region = FileRegion(data, 0, 16, TensorType("float32", (4,)))
+    np.testing.assert_array_equal(region.load(), np.arange(4, dtype=np.float32))
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(b"\x01" * 16)
+    data.unlink()
+    os.symlink(secret, data)
+    with pytest.raises(ModelFormatError, match="cannot read external data"):
+        region.load()
+    data.unlink()
+    secret.rename(data)  # a different file at the same path
+    with pytest.raises(UnsafePathError, match="was replaced after import"):
+        region.load()

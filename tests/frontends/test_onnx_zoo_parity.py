@@ -14,11 +14,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
-
-pytest.importorskip("transformers")
-torch = pytest.importorskip("torch")
-ort = pytest.importorskip("onnxruntime")
+import torch
+import transformers  # noqa: F401
 
 from aviatorc import zoo  # noqa: E402
 from aviatorc.frontends.onnx import import_onnx  # noqa: E402

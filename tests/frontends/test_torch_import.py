@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
 nn = torch.nn
 F = torch.nn.functional
 

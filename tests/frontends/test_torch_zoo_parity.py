@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+import torch
+import transformers  # noqa: F401
 
 from aviatorc import zoo  # noqa: E402
 from aviatorc.frontends.torch import import_torch  # noqa: E402

@@ -72,3 +72,21 @@ def test_parse_reports_line_of_undefined_value():
     text = 'graph "g" {\n  input %x: float32[2]\n  %y: float32[2] = Neg(%nope) @n\n}\n'
     with pytest.raises(ModelFormatError, match=r"line 3: value '%nope' is used before it is defined"):
         parse_graph(text)
+
+
+def test_round_trip_of_awkward_names_and_values():
+    g = Graph("t")
+    x = g.add_input("information", TensorType("float32", ("info", 4)))
+    g.add_constant(np.array([1.0, -np.inf, np.nan], np.float32), "a=b")
+    g.add_constant(np.array([1, 2], np.int64), "nan_guard")
+    g.outputs = [add_value(g, "Neg", [x], name="inference_out")]
+    text = print_graph(g)
+    assert print_graph(parse_graph(text)) == text
+    again = parse_graph(text)
+    np.testing.assert_array_equal(again.initializers["a=b"].const_value(), [1.0, -np.inf, np.nan])
+
+
+def test_parse_reports_bad_const_values():
+    text = 'graph "g" {\n  const %c: int64[2] = [1, \n}\n'
+    with pytest.raises(ModelFormatError, match="line 2: const values are not valid JSON"):
+        parse_graph(text)

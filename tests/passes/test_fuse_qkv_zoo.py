@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-pytest.importorskip("transformers")
-torch = pytest.importorskip("torch")
-
+import transformers  # noqa: F401
 from aviatorc.passes.manager import PassContext, get_pass, run_passes  # noqa: E402
 from aviatorc.passes.pipeline import build_pipeline  # noqa: E402
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import replace
 
 import pytest
-import tomllib
 
 from aviatorc.errors import TargetError
 from aviatorc.target import cli_list, cli_show, list_targets, load_target

@@ -97,6 +97,18 @@ class NodeContext:
     def inputs(self) -> list[Value | None]:
         return [self.input(i) for i in range(len(self.proto.input))]
 
+    def required(self, index: int) -> Value:
+        """Input `index`, which the op needs: a malformed model gets a clear error, not a crash."""
+        value = self.input(index)
+        if value is None:
+            raise ModelFormatError(f"required input {index} is missing", node=self.name, op=self.op_type)
+        return value
+
+    def required_attr(self, name: str) -> Any:
+        if name not in self.attrs:
+            raise ModelFormatError(f"required attribute '{name}' is missing", node=self.name, op=self.op_type)
+        return self.attrs[name]
+
     def const(self, index: int) -> np.ndarray | None:
         """The value of a constant input (an initializer, or computed from constants at import)."""
         return self.builder.const_of(self.input(index))
@@ -206,15 +218,14 @@ def constant_of_shape(ctx: NodeContext) -> list[Value]:
 
 @converts("Cast")
 def cast(ctx: NodeContext) -> list[Value]:
-    to = ir_dtype(int(ctx.attrs["to"]), f"Cast '{ctx.name}'")
+    to = ir_dtype(int(ctx.required_attr("to")), f"Cast '{ctx.name}'")
     return ctx.emit("Cast", ctx.inputs()[:1], {"to": to}, final=True)
 
 
 @converts("CastLike")
 def cast_like(ctx: NodeContext) -> list[Value]:
     """CastLike(x, like) -> Cast(x) to like's element type."""
-    like = ctx.input(1)
-    assert like is not None
+    like = ctx.required(1)
     return ctx.emit("Cast", [ctx.input(0)], {"to": like.type.dtype}, final=True)
 
 
@@ -238,8 +249,7 @@ def _lazy_transpose(ctx: NodeContext, value: Value) -> Value:
 @converts("Gemm")
 def gemm(ctx: NodeContext) -> list[Value]:
     """Gemm -> MatMul (+ Transpose for transA/transB, + Mul for alpha/beta != 1, + Add for C)."""
-    a, b, c = ctx.input(0), ctx.input(1), ctx.input(2)
-    assert a is not None and b is not None
+    a, b, c = ctx.required(0), ctx.required(1), ctx.input(2)
     alpha, beta = float(ctx.attrs.get("alpha", 1.0)), float(ctx.attrs.get("beta", 1.0))
     if ctx.attrs.get("transA", 0):
         a = _lazy_transpose(ctx, a)
@@ -270,8 +280,7 @@ def dropout(ctx: NodeContext) -> list[Value]:
                 node=ctx.name,
                 op="Dropout",
             )
-    x = ctx.input(0)
-    assert x is not None
+    x = ctx.required(0)
     if ctx.num_outputs < 2:
         return ctx.emit("Identity", [x], final=True)
     shape = ctx.emit("Shape", [x], suffix="shape")[0]
@@ -293,8 +302,7 @@ def dropout(ctx: NodeContext) -> list[Value]:
 def mean(ctx: NodeContext) -> list[Value]:
     """Mean(x0, x1, ...) -> Sum / n."""
     inputs = ctx.inputs()
-    first = inputs[0]
-    assert first is not None
+    first = ctx.required(0)
     total = ctx.emit("Sum", inputs, suffix="sum")[0]
     n = ctx.constant(np.array(len(inputs), numpy_dtype(first.type.dtype)), "count")
     return ctx.emit("Div", [total, n], final=True)
@@ -369,8 +377,7 @@ def slice_(ctx: NodeContext) -> list[Value]:
 
 @converts("Clip")
 def clip(ctx: NodeContext) -> list[Value]:
-    x = ctx.input(0)
-    assert x is not None
+    x = ctx.required(0)
     if "min" not in ctx.attrs and "max" not in ctx.attrs:
         return ctx.emit("Clip", ctx.inputs(), {}, final=True)
     dtype = numpy_dtype(x.type.dtype)  # opset < 11: bounds are attributes
@@ -384,8 +391,7 @@ def pad(ctx: NodeContext) -> list[Value]:
     mode = ctx.attrs.get("mode", "constant")
     if "pads" not in ctx.attrs:
         return ctx.emit("Pad", ctx.inputs(), {"mode": mode}, final=True)
-    x = ctx.input(0)  # opset < 11: pads and value are attributes
-    assert x is not None
+    x = ctx.required(0)  # opset < 11: pads and value are attributes
     pads = ctx.constant(np.array(ctx.attrs["pads"], np.int64), "pads")
     value = ctx.constant(np.array(ctx.attrs.get("value", 0.0), numpy_dtype(x.type.dtype)), "value")
     return ctx.emit("Pad", [x, pads, value], {"mode": mode}, final=True)
@@ -395,8 +401,7 @@ def pad(ctx: NodeContext) -> list[Value]:
 def softmax(ctx: NodeContext) -> list[Value]:
     """Softmax: opset >= 13 passes through. Before 13 the input is coerced to 2-D at `axis`
     (default 1); that equals the IR op only on the last axis, else Flatten / op / Reshape."""
-    x = ctx.input(0)
-    assert x is not None
+    x = ctx.required(0)
     if ctx.opset >= 13:
         return ctx.emit(ctx.op_type, [x], {"axis": ctx.attrs.get("axis", -1)}, final=True)
     axis = int(ctx.attrs.get("axis", 1)) % max(x.type.rank, 1)
