@@ -172,7 +172,7 @@ def accuracy_report(reference: Any, transformed: Any, batches: Sequence[Mapping[
         result: dict[str, Any] = {"output": name, "cosine": round(float(np.mean(cosines[name])), 6),
                                   "pcc": round(float(np.mean(pccs[name])), 6), "max_abs_diff": round(acc.max_error, 6),
                                   "sqnr_db": _finite(acc.sqnr_db)}
-        if name in lm:
+        if name in lm and lm[name]["tokens"] > 0:  # one-token batches score no next token
             stats = lm[name]
             result["top1_agreement"] = round(stats["agree"] / stats["positions"], 4)
             result["perplexity_reference"] = round(math.exp(stats["nll_ref"] / stats["tokens"]), 4)

@@ -114,6 +114,8 @@ def _classify(w: Value, matmul: Node) -> tuple[str, LinearWeight | None]:
         return "", LinearWeight(w, None, [matmul], WeightFormat({"float32": "fp32", "float16": "fp16",
                                                                  "bfloat16": "bf16"}[w.type.dtype]), int(k), int(n))
     producer = w.producer
+    if producer is not None and producer.op == "Cast" and producer.inputs[0] is not None:
+        producer = producer.inputs[0].producer  # a float16 model casts the dequantized weight
     if producer is None or producer.op != "DequantizeWeight":
         return "", None
     fmt = WeightFormat.from_attrs(producer.attrs)
@@ -156,6 +158,9 @@ def add_packed_weight(graph: Graph, lw: LinearWeight, fmt: WeightFormat, packed:
 def _drop_old(graph: Graph, lw: LinearWeight) -> None:
     if lw.source is not None:
         stored = lw.stored_values()
+        cast = lw.value.producer
+        if cast is not None and cast is not lw.source and not lw.value.users:
+            graph.remove_node(cast)  # the float16 model's Cast of the old weight
         graph.remove_node(lw.source)
         for value in stored:
             if not value.users and value.name in graph.initializers:

@@ -225,7 +225,8 @@ def embeddings_to_fp16(graph: Graph, notes: list[Note]) -> tuple[list[int], list
             continue
         if len(gathers) != len(value.users) or any(g.inputs[0] is not value or g.attrs.get("axis", 0) != 0
                                                    for g in gathers):
-            other = next(u for u in value.users if u not in gathers or u.inputs[0] is not value)
+            other = next((u for u in value.users if u not in gathers or u.inputs[0] is not value
+                          or u.attrs.get("axis", 0) != 0), value.users[0])
             notes.append(Note(other.name, f"embedding table '{value.name}' is also read by {other.op}: left in fp32"))
             continue
         type16 = TensorType("float16", value.type.shape)

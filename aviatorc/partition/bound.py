@@ -65,8 +65,9 @@ def _knapsack(problem: Problem) -> tuple[float, int]:
         cost -= gain * share
         capacity -= nbytes * share
     # Not-worth-keeping tiles (gain <= 0) are streamed here; the bound stays valid for placements
-    # that keep them, since each such tile costs at least as much resident.
-    return cost, _min_streamed_bytes(problem)
+    # that keep them, since each such tile costs at least as much resident. Rounded down with a
+    # relative margin so float error never lifts the bound above an integer objective.
+    return math.floor(cost * (1 - 1e-12)), _min_streamed_bytes(problem)
 
 
 def _min_streamed_bytes(problem: Problem) -> int:

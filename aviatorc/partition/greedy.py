@@ -29,7 +29,8 @@ def spreads(problem: Problem) -> list[int]:
         sizes.append(cards * target.chiplets_per_card)
         cards *= 2
     sizes.append(target.num_chiplets)
-    return sorted({s for s in sizes if s <= target.num_chiplets})
+    # Aligned blocks must tile the machine: 3 cards get blocks of 1 card and of all 3, not of 2.
+    return sorted({s for s in sizes if s <= target.num_chiplets and target.num_chiplets % s == 0})
 
 
 def greedy_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[int]) -> list[int]:

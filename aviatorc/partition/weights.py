@@ -153,6 +153,8 @@ def _linear_weight(value: Any) -> tuple[str, int, int, WeightFormat] | None:
             return None
         return value.name, int(shape[0]), int(shape[1]), dense_format(value.type.dtype)
     producer = value.producer
+    if producer is not None and producer.op == "Cast" and producer.inputs[0] is not None:
+        producer = producer.inputs[0].producer  # a float16 model casts the dequantized weight
     if producer is None:
         return None
     if producer.op == "DequantizeWeight":

@@ -121,7 +121,7 @@ def gptq(
                 if not have[group]:
                     lo = col
                     hi = min(k, col + rows_per_group)
-                    params(group, W1[:, i:] if hi <= b1 else np.concatenate([W1[:, i:], W[:, b1:hi]], axis=1),
+                    params(group, W1[:, i : hi - b0] if hi <= b1 else np.concatenate([W1[:, i:], W[:, b1:hi]], axis=1),
                            diag_h[lo:hi])
                 q = fake_quant(w.astype(np.float32), scale[group], zero[group], fmt).astype(np.float64)
             else:

@@ -186,3 +186,22 @@ def test_calibration_is_sequential() -> None:
     finally:
         quantize_pass.collect_stats = saved
     assert [len(ops) for ops in seen] == [0, 1, 2]
+
+
+def test_float16_model_quantized_weights_reach_the_partitioner() -> None:
+    # A float16 model reads the dequantized weight through a Cast: both the quantize pass (after
+    # sparsify) and the partitioner's weight walk must look through it.
+    from aviatorc.passes.manager import PassContext, get_pass, run_passes
+
+    from aviatorc.ir import Graph, TensorType, add_value
+    from aviatorc.partition.weights import weights_from_graph
+
+    g = Graph()
+    x = g.add_input("x", TensorType("float16", (4, 64)))
+    w = g.add_constant(np.random.default_rng(0).standard_normal((64, 32)).astype(np.float16), "fc.weight")
+    g.outputs = [add_value(g, "MatMul", [x, w], name="fc")]
+    ctx = PassContext(options=CompileOptions(quant="int8", sparsity="2:4"))
+    records = run_passes(g, [get_pass("sparsify-2to4"), get_pass("quantize"), get_pass("dce")], ctx)
+    assert records[1].stats["weights_quantized"] == 1
+    (spec,) = weights_from_graph(g)
+    assert (spec.k, spec.n, spec.format.kind, spec.format.sparsity) == (64, 32, "int8", "2:4")

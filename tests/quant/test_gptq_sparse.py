@@ -73,3 +73,15 @@ def test_joint_sparsegpt_and_quantization_keeps_the_pattern() -> None:
     packed = pack_weight(w_hat, fmt, mask=mask, scale=scale, zero=zero)
     np.testing.assert_allclose(packed.dequantize(), w_hat, atol=1e-6)
     assert check_24(mask) and packed.nbytes == fmt.storage_bytes(128, 64)
+
+
+def test_gptq_group_scales_come_from_their_own_group() -> None:
+    # Without act-order, each group's scale is set from that group's rows only: a last group
+    # scaled x20 must not inflate the scales of the groups before it.
+    x, w, h = layer(3, k=128, n=16)
+    w[96:] *= 20
+    fmt = WeightFormat("int4", 32)
+    _, scale, _, _ = gptq(w, h, fmt, config=GPTQConfig(act_order=False, clip_search=False))
+    assert scale is not None
+    first, last = np.asarray(scale[0], np.float64), np.asarray(scale[3], np.float64)
+    assert np.all(last > 5 * first), (first.mean(), last.mean())
