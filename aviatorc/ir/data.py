@@ -69,6 +69,7 @@ class FileRegion:
     offset: int
     length: int
     type: TensorType
+    _identity: tuple[int, int] = field(init=False, repr=False, default=(0, 0))  # (st_dev, st_ino)
 
     def __post_init__(self) -> None:
         stat = os.stat(self.path, follow_symlinks=False)
