@@ -14,9 +14,9 @@ from aviatorc.options import CompileOptions
 # Identities first so that folding and fusion see producers and users directly; folding
 # before dce because folding strands the constants it replaced.
 CLEANUP: tuple[str, ...] = ("eliminate-identity", "fold-constants", "dce")
-# After the rewrites there is nothing new to fold, and folding would be wrong: a
-# DequantizeWeight of a small weight has only constant inputs, and folding it would turn
-# the quantized weight back into a float constant. Only the stranded weights need removing.
+# After the rewrites there is nothing new to fold (the folder never folds DequantizeWeight,
+# which would turn a quantized weight back into a float constant: ir/fold.py NEVER_FOLD).
+# Only the stranded weights need removing.
 FINAL_CLEANUP: tuple[str, ...] = ("eliminate-identity", "dce")
 
 

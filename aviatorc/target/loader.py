@@ -169,7 +169,10 @@ def _check_unknown(data: dict[str, Any], schema: dict[str, Any], path: tuple[str
 def _check_known(parts: list[str], file: str) -> None:
     schema: Any = SCHEMA
     for index, part in enumerate(parts):
-        if not isinstance(schema, dict) or part not in schema:
+        if not isinstance(schema, dict):
+            dotted = ".".join(parts[:index])
+            raise TargetError(f"'{dotted}' is a value, not a table", file=file, key=".".join(parts))
+        if part not in schema:
             known = sorted(schema) if isinstance(schema, dict) else []
             raise _unknown(part, known, tuple(parts[:index]), file)
         schema = schema[part]
@@ -184,6 +187,8 @@ def _check_tree(data: dict[str, Any], schema: dict[str, Any], path: tuple[str, .
             raise TargetError(f"missing key '{dotted}'", file=file, key=dotted)
         value = data[key]
         if isinstance(kind, dict):
+            if not isinstance(value, dict):
+                raise TargetError(f"'{dotted}' must be a table, not {value!r}", file=file, key=dotted)
             _check_tree(value, kind, path + (key,), file)
         else:
             _check_value(value, kind, dotted, file)

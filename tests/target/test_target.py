@@ -144,3 +144,12 @@ def test_cli_text():
     shown = cli_show("corsair", cards=4, resolved=True)
     assert "cards = 4" in shown and "assumptions" in shown
     assert "2 GB of SRAM" in cli_show("corsair", resolved=False) or "[chiplet]" in cli_show("corsair")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"chiplet": 5}, "'chiplet' must be a table, not 5"),
+    ({"chiplet.sram_bytes.x": 1}, "'chiplet.sram_bytes' is a value, not a table"),
+])
+def test_malformed_overrides_are_target_errors(overrides, message):
+    with pytest.raises(TargetError, match=message):
+        load_target("mock", overrides=overrides)
