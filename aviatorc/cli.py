@@ -31,22 +31,53 @@ from aviatorc.options import (
 DEFAULTS = CompileOptions()
 
 EXIT_USER_ERROR = 1
+EXIT_INTERNAL_ERROR = 3
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. Exit status: 0 done, 1 a user error (one line), 3 an internal error.
+
+    Every exception that is not an `AviatorError` is a bug in aviatorc, whatever the input
+    (a `PlacementCheckError` from the partitioner's checker among them): it is reported as
+    one "internal error, please report" line with status 3, and `--debug` (accepted before
+    or after the command) shows its traceback."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    end = argv.index("--") if "--" in argv else len(argv)
+    late_debug = "--debug" in argv[1:end]
+    if late_debug:  # `aviatorc compile m.onnx --debug` as well as `aviatorc --debug compile ...`
+        argv = [a for i, a in enumerate(argv) if a != "--debug" or i >= end]
     parser = _parser()
     args = parser.parse_args(argv)
+    args.debug = args.debug or late_debug
+
+    def one_line(text: str, limit: int = 2000) -> str:
+        # Control characters from the input (a NUL, a terminal escape) are escaped, not printed.
+        text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+        return text if len(text) <= limit else text[: limit - 3] + "..."
+
     try:
         return int(args.handler(args) or 0)
     except AviatorError as error:
         if args.debug:
             raise
-        text = error.details() if isinstance(error, VerificationError) else str(error)
+        if isinstance(error, VerificationError):
+            text = "\n".join(one_line(line) for line in error.details().splitlines())
+        else:
+            text = one_line(str(error))
         print(f"aviatorc: error: {text}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("aviatorc: interrupted; nothing was written", file=sys.stderr)
         return 130
+    except Exception as error:  # noqa: BLE001 - the last line of defence: a bug, reported as one
+        if args.debug:
+            import traceback
+
+            traceback.print_exc()
+        what = "out of memory" if isinstance(error, MemoryError) else f"{type(error).__name__}: {error}"
+        print(f"aviatorc: internal error, please report: {one_line(what, 500)}"
+              + ("" if args.debug else " (rerun with --debug for the traceback)"), file=sys.stderr)
+        return EXIT_INTERNAL_ERROR
 
 
 def _parser() -> argparse.ArgumentParser:

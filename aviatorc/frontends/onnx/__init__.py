@@ -1,7 +1,8 @@
-"""The ONNX frontend: `import_onnx(path)` reads a model file (opset 7 and later; exporter
-output of opsets 17-23 is the main target) into a verified IR graph.
+"""The ONNX frontend: `import_onnx(path)` reads a model file (any opset the installed
+`onnx` knows; exporter output of opsets 17-23 is the main target) into a verified IR graph.
 
-Layout: `loader` parses the file and checks external data; `importer` builds the graph;
+Layout: `loader` parses the file and checks external data; `validate` holds every node to
+its `onnx.defs` schema; `importer` builds the graph;
 `ops` holds the per-op conversion table. onnx is imported only inside these modules.
 """
 

@@ -1,8 +1,8 @@
 """ONNX ModelProto -> verified IR Graph.
 
-The import runs as named steps: read the opset, run onnx shape inference (its types are
-hints for the dims our type rules cannot know), collect every unsupported op before
-failing, order the nodes (rejecting cycles and undefined names), add inputs and
+The import runs as named steps: read the opset, collect every unsupported op before
+failing, hold each node to its ONNX schema (`validate.py`), run onnx shape inference (its types are
+hints for the dims our type rules cannot know), order the nodes (rejecting cycles and undefined names), add inputs and
 initializers, convert each node through the table in `ops.py`, verify, fold constant
 shape subgraphs, refine types, verify again.
 """
@@ -16,6 +16,7 @@ import numpy as np
 
 from aviatorc.errors import AviatorError, ModelFormatError, UnsupportedOpsError
 from aviatorc.frontends.onnx import ops as onnx_ops
+from aviatorc.frontends.onnx import validate
 from aviatorc.frontends.onnx.loader import external_data, load_model_proto
 from aviatorc.ir import Graph, Value, fold_constants, merge_type, verify
 from aviatorc.ir.data import ArrayData, ShapeOnly, TensorData
@@ -23,7 +24,6 @@ from aviatorc.ir.ops import get_op, infer_types
 from aviatorc.ir.types import Dim, TensorType, numpy_dtype
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
-MIN_OPSET = 1
 SHAPE_ONLY_KEEP_BYTES = 1 << 16  # in shape-only imports, smaller initializers keep their bytes
 CONST_PROPAGATE_ELEMENTS = 1 << 16  # values up to this size are evaluated at import when their inputs are known
 
@@ -44,13 +44,16 @@ def import_onnx(path: str | Path, *, shape_only: bool = False, fold: bool = True
 
 def import_model_proto(model: Any, *, base_dir: Path, shape_only: bool = False, fold: bool = True) -> Graph:
     """Import a parsed ModelProto whose external data (if any) lives under `base_dir`."""
-    opset = model_opset(model)
+    opset = validate.check_opset(model)
     check_supported(model.graph)
+    validate.check_graph_names(model.graph)
+    # Schemas before shape inference and before any type rule: both trust the attributes.
+    schemas = [validate.check_node(node, opset, node_name(node, i)) for i, node in enumerate(model.graph.node)]
     builder = Builder(model, base_dir=base_dir, opset=opset, shape_only=shape_only)
     builder.hints = inferred_types(model)
     builder.add_inputs_and_initializers()
     for index, proto in ordered_nodes(model.graph):
-        builder.convert_node(proto, node_name(proto, index))
+        builder.convert_node(proto, node_name(proto, index), schemas[index])
     graph = builder.finish()
     verify(graph)
     if fold:
@@ -63,18 +66,6 @@ def import_model_proto(model: Any, *, base_dir: Path, shape_only: bool = False, 
 
 
 # -- steps -------------------------------------------------------------------------------
-
-
-def model_opset(model: Any) -> int:
-    for entry in model.opset_import:
-        if entry.domain in DEFAULT_DOMAINS:
-            if entry.version < MIN_OPSET:
-                raise ModelFormatError(
-                    f"opset {entry.version} is too old (aviatorc reads opset {MIN_OPSET} and later)",
-                    hint="convert it with onnx.version_converter",
-                )
-            return int(entry.version)
-    raise ModelFormatError("the model imports no default-domain (ai.onnx) opset")
 
 
 def check_supported(graph: Any) -> None:
@@ -371,7 +362,7 @@ class Builder:
 
     # -- nodes ---------------------------------------------------------------------------
 
-    def convert_node(self, proto: Any, name: str) -> None:
+    def convert_node(self, proto: Any, name: str, schema: Any) -> None:
         import onnx
 
         attrs = {}
@@ -383,6 +374,10 @@ class Builder:
                 value = tuple(v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value)
             attrs[attr.name] = value
         ctx = onnx_ops.NodeContext(self, proto, name, attrs, self.opset)
+        inputs = ctx.inputs()
+        validate.check_input_types(proto, schema, [v.type.dtype if v is not None else None for v in inputs], name)
+        if inputs and inputs[0] is not None:
+            validate.check_axes(proto, attrs, inputs[0].type.rank, name)
         try:
             outputs = onnx_ops.convert(ctx)
         except AviatorError as error:

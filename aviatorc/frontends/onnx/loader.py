@@ -21,6 +21,8 @@ from aviatorc.ir.data import ArrayData, FileRegion, TensorData
 from aviatorc.ir.types import TensorType
 
 EAGER_EXTERNAL_BYTES = 4096  # external tensors this small are read at import (shape constants)
+NAME_MAX_BYTES = 255  # the longest file name POSIX file systems take (ext4, xfs, tmpfs)
+PATH_MAX_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -72,9 +74,13 @@ def external_ref(tensor: Any) -> ExternalRef:
 def resolve_location(base_dir: Path, location: str, tensor_name: str) -> Path:
     """The checked path of an external data file: inside `base_dir`, no links, a regular file."""
 
+    from aviatorc.frontends.onnx.validate import printable
+
     def refuse(why: str) -> UnsafePathError:
+        # The location is the file's text: escape control characters (a NUL, a terminal
+        # escape) and cut it short before it reaches a message.
         return UnsafePathError(
-            f"external data of '{tensor_name}' at '{location}' {why}",
+            f"external data of '{printable(tensor_name, 60)}' at '{printable(location)}' {why}",
             location=location,
             tensor=tensor_name,
             hint="keep external data files as plain files next to the model",
@@ -87,20 +93,28 @@ def resolve_location(base_dir: Path, location: str, tensor_name: str) -> Path:
     parts = location.replace("\\", "/").split("/")
     if ".." in parts:
         raise refuse("escapes the model's folder ('..')")
+    # Names the file system cannot hold are refused here, not as an OSError from lstat.
+    if any(len(part.encode("utf-8", "surrogateescape")) > NAME_MAX_BYTES for part in parts):
+        raise refuse(f"has a path component longer than {NAME_MAX_BYTES} bytes")
+    if len(location.encode("utf-8", "surrogateescape")) > PATH_MAX_BYTES:
+        raise refuse(f"is longer than {PATH_MAX_BYTES} bytes")
     base = base_dir.resolve()
     current = base
-    for part in parts:
-        if part in ("", "."):
-            continue
-        current = current / part
-        if current.is_symlink():
-            raise refuse("goes through a symbolic link")
-    if not current.resolve().is_relative_to(base):
-        raise refuse("escapes the model's folder")
     try:
+        for part in parts:
+            if part in ("", "."):
+                continue
+            current = current / part
+            if current.is_symlink():
+                raise refuse("goes through a symbolic link")
+        if not current.resolve().is_relative_to(base):
+            raise refuse("escapes the model's folder")
         info = os.lstat(current)
     except FileNotFoundError:
-        raise ModelFormatError(f"external data file '{location}' of '{tensor_name}' does not exist") from None
+        raise ModelFormatError(f"external data file '{printable(location)}' of '{printable(tensor_name, 60)}' "
+                               "does not exist") from None
+    except (OSError, ValueError) as error:  # a name the OS refuses (encoding, length, a loop)
+        raise refuse(f"cannot be opened ({type(error).__name__}: {getattr(error, 'strerror', None) or error})") from None
     if not stat.S_ISREG(info.st_mode):
         raise refuse("is not a regular file")
     if info.st_nlink > 1:

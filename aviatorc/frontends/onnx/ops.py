@@ -343,15 +343,34 @@ def reduce(ctx: NodeContext) -> list[Value]:
 
 @converts("Split")
 def split(ctx: NodeContext) -> list[Value]:
-    """Split: sizes from the attribute (opset < 13) or input; else num_outputs equal parts."""
-    x = ctx.input(0)
+    """Split: sizes from the attribute (opset < 13) or input; else num_outputs equal parts.
+
+    The sizes must name every output and cover the axis exactly: the IR's rule gives one
+    type per size, and a size with no output would drop its columns unnoticed."""
+    x = ctx.required(0)
     sizes = ctx.input(1)
+    count = len(ctx.proto.output)  # trailing outputs may be unnamed, but they still take a part
     attrs = {"axis": ctx.attrs.get("axis", 0)}
     if "split" in ctx.attrs:
         sizes = ctx.constant(np.array(ctx.attrs["split"], np.int64), "split")
+    known = ctx.builder.const_of(sizes) if sizes is not None else None
+    if sizes is not None and "num_outputs" in ctx.attrs:
+        raise ModelFormatError("Split takes sizes or num_outputs, not both", node=ctx.name, op="Split")
+    if known is not None:
+        parts = [int(v) for v in np.asarray(known).reshape(-1)]
+        dim = x.type.shape[int(attrs["axis"]) % max(x.type.rank, 1)]
+        if len(parts) != count or any(p < 0 for p in parts) or (isinstance(dim, int) and sum(parts) != dim):
+            raise ModelFormatError(
+                f"split sizes {parts} do not fit {count} output(s) of an axis of size {dim}",
+                node=ctx.name, op="Split", hint="give one non-negative size per output, adding up to the axis",
+            )
     if sizes is None:
-        attrs["num_outputs"] = ctx.attrs.get("num_outputs", ctx.num_outputs)
-    return ctx.emit("Split", [x, sizes], attrs, final=True, num_outputs=ctx.num_outputs)
+        parts_n = ctx.attrs.get("num_outputs", count)
+        if parts_n != count:
+            raise ModelFormatError(f"num_outputs is {parts_n} but the node has {count} output(s)",
+                                   node=ctx.name, op="Split")
+        attrs["num_outputs"] = parts_n
+    return ctx.emit("Split", [x, sizes], attrs, final=True, num_outputs=count)
 
 
 def _axes_input(ctx: NodeContext) -> list[Value | None]:
