@@ -5,15 +5,20 @@ sparsify passes record a `WeightFormat` on each weight they rewrite, and tiling 
 partitioner count bytes with it. K is the reduction dim (rows of a [K, N] weight), N the
 output channels.
 
-Layouts (bytes per [K, N] matrix):
+Layouts (bytes per [K, N] matrix; G = ceil(K / group) groups, Kp = G * group):
 - fp32 / fp16 / bf16: K * N * itemsize.
 - int8: K * N bytes + one fp16 scale per output channel (N * 2).
-- int4: K padded up to a multiple of the group, two values per byte, plus an fp16 scale per
-  (group, channel) and, if asymmetric, a 4-bit zero point per (group, channel), packed.
+- int4: ceil(Kp / 2) * N (K padded up to a multiple of the group, two values per byte along
+  K) + G * N * 2 (an fp16 scale per (group, channel)) and, if asymmetric,
+  ceil(G / 2) * N (a 4-bit zero point per (group, channel), two groups per byte along G).
 - mxint8 / mxint4: blocks of `group_size` (32 by default) along K share an 8-bit exponent:
-  K_pad * N * bits / 8 + (K_pad / block) * N bytes.
-- 2:4 sparsity keeps half of K (two of every four) and a 2-bit index per kept value; it
-  composes with any of the above (the kept values are stored in that format).
+  Kp * N (mxint8) or ceil(Kp / 2) * N (mxint4), + G * N.
+- 2:4 sparsity keeps half of K (Ks = 2 * ceil(K / 4) rows) and a 2-bit index per kept value,
+  four per byte along Ks: ceil(Ks / 4) * N; it composes with any of the above (the kept
+  values are stored in that format, with K replaced by Ks).
+
+Every term is (rows) * N or a multiple of N: each stored array keeps whole columns, so the
+bytes of column strips add up exactly to the weight's and a strip is a slice of the arrays.
 """
 
 from __future__ import annotations
@@ -66,11 +71,12 @@ class WeightFormat:
         return text
 
     def storage_bytes(self, k: int, n: int) -> int:
-        """Exact bytes of a [k, n] weight in this format, scales, zero points and indices included."""
+        """Exact bytes of a [k, n] weight in this format, scales, zero points and indices included.
+
+        Linear in n (every stored array is [rows, n] or [n]), so column strips add up exactly."""
         if self.sparsity == "2:4":
-            k_groups = math.ceil(k / 4)
-            kept = k_groups * 2  # values kept along K
-            index_bytes = math.ceil(kept * n * 2 / 8)  # a 2-bit position per kept value
+            kept = math.ceil(k / 4) * 2  # values kept along K
+            index_bytes = math.ceil(kept / 4) * n  # a 2-bit position per kept value, four per byte along K
             return self._dense_bytes(kept, n) + index_bytes
         return self._dense_bytes(k, n)
 
@@ -81,10 +87,10 @@ class WeightFormat:
             return k * n + n * 2
         groups = math.ceil(k / self.group_size)
         k_pad = groups * self.group_size  # a ragged last group is padded
-        values = math.ceil(k_pad * n * self.bits / 8)
+        values = math.ceil(k_pad * self.bits / 8) * n  # 4-bit: two rows per byte along K
         if self.kind == "int4":
             scales = groups * n * 2
-            zeros = 0 if self.symmetric else math.ceil(groups * n / 2)
+            zeros = 0 if self.symmetric else math.ceil(groups / 2) * n  # two groups per byte along G
             return values + scales + zeros
         return values + groups * n  # mx: one shared 8-bit exponent per block
 

@@ -18,7 +18,7 @@ from aviatorc.passes.manager import Note
 
 from aviatorc.formats import WeightFormat
 from aviatorc.ir import ArrayData, Graph, Node, ShapeOnly, TensorType, Value, add_value
-from aviatorc.quant.rtn import PackedWeight, dequantize, packed_layout, unpack_bits_flat
+from aviatorc.quant.rtn import PackedWeight, dequantize, expand_24, packed_layout, stored_rows, unpack_bits_k
 
 FLOAT_KINDS = ("fp32", "fp16", "bf16")
 
@@ -63,11 +63,8 @@ class LinearWeight:
         if self.fmt.sparsity != "2:4" or self.source is None:
             return None
         indices = self.source.input(3).data.load()  # type: ignore[union-attr]
-        ks = (self.k + 3) // 4 * 2
-        idx = unpack_bits_flat(indices, 2, ks * self.n).reshape(ks // 2, 2, self.n).astype(np.int64)
-        mask = np.zeros((ks // 2, 4, self.n), bool)
-        np.put_along_axis(mask, idx, True, axis=1)
-        return mask.reshape(-1, self.n)[: self.k]
+        ks = stored_rows(self.fmt, self.k)
+        return expand_24(np.ones((ks, self.n), bool), unpack_bits_k(indices, 2, ks), self.k)
 
     def matches(self, patterns: tuple[str, ...]) -> bool:
         names = [self.name, self.value.name] + [m.name for m in self.matmuls]

@@ -1,6 +1,7 @@
 """Weight quantization and 2:4 sparsity numerics, independent of the IR passes that use them.
 
 `rtn` holds the storage layouts (packing, exact bytes) and round-to-nearest quantization;
+`tiles` slices a packed weight into the tiles the plan stores and dequantizes one on its own;
 `gptq` and `awq` the calibrated INT4 methods; `sparse` the 2:4 selection rules;
 `calibration` collects per-MatMul activation statistics by running the interpreter.
 """

@@ -4,12 +4,18 @@ One layout per `WeightFormat`, laid out so the stored arrays' byte sizes add up 
 `WeightFormat.storage_bytes(K, N)` (tests pin this). The arrays are, in the order
 `DequantizeWeight` takes them:
 
-    values   fp32/fp16/bf16 [Ks, N] | int8 [Ks, N] | int4 and mxint4: uint8 [Kp/2, N], two
+    values   fp32/fp16/bf16 [Ks, N] | int8 [Ks, N] | int4 and mxint4: uint8 [ceil(Kp/2), N], two
              4-bit codes per byte along K (row 2i in the low nibble) | mxint8: int8 [Kp, N]
     scale    int8: fp16 [N] | int4: fp16 [G, N] | mx: uint8 [G, N] biased exponents (2^(e-127))
-    zero     asymmetric int4 only: 4-bit zero points of the [G, N] groups, flat, two per byte
-    indices  2:4 only: the 2-bit position (0..3) of each kept value in its group of four, flat
-             over [Ks, N] row-major, four per byte (the first in the low bits)
+    zero     asymmetric int4 only: uint8 [ceil(G/2), N], the 4-bit zero points of two groups
+             of one column per byte, along G (group 2j in the low nibble)
+    indices  2:4 only: uint8 [ceil(Ks/4), N], the 2-bit position (0..3) of each kept value in
+             its group of four, four kept rows of one column per byte, along Ks (kept row 4j
+             in the low bits)
+
+Every array holds whole columns in its last axis, so the stored arrays of a column strip
+[n0, n1) are `arr[..., n0:n1]` of each, and they are the layout of a [K, n1 - n0] weight
+(`aviatorc.quant.tiles` is the one place that slices them).
 
 Ks is K, or the kept rows under 2:4 (two of every four, K padded to a multiple of 4); groups
 of `group_size` run along Ks, and a ragged last group is padded to Kp = G * group_size with
@@ -42,7 +48,7 @@ from aviatorc.ir.ops.quant import (  # noqa: F401
     expand_groups,
     packed_layout,
     stored_rows,
-    unpack_bits_flat,
+    unpack_bits_k,
     unpack_nibbles_k,
 )
 
@@ -107,22 +113,22 @@ class PackedWeight:
 # -- bit packing -------------------------------------------------------------------------
 
 
+def pack_bits_k(codes: np.ndarray, bits: int) -> np.ndarray:
+    """[R, N] codes (the low `bits` bits kept; 2 or 4) -> uint8 [ceil(R * bits / 8), N], packed
+    along the rows of each column: row r in byte row r // (8 / bits), bits (r % (8 / bits)) * bits
+    up. R is padded with zero codes to whole bytes."""
+    per_byte = 8 // bits
+    u = (codes.astype(np.int16) & ((1 << bits) - 1)).astype(np.uint8)
+    u = _pad_rows(u, math.ceil(u.shape[0] / per_byte) * per_byte)
+    out = np.zeros((u.shape[0] // per_byte,) + u.shape[1:], np.uint8)
+    for i in range(per_byte):
+        out |= u[i::per_byte] << (bits * i)
+    return out
+
+
 def pack_nibbles_k(codes: np.ndarray) -> np.ndarray:
     """[Kp, N] codes (any ints; the low 4 bits kept) -> uint8 [Kp/2, N], row 2i in the low nibble."""
-    u = (codes.astype(np.int16) & 0xF).astype(np.uint8)
-    return (u[0::2] | (u[1::2] << 4)).astype(np.uint8)
-
-
-def pack_bits_flat(codes: np.ndarray, bits: int) -> np.ndarray:
-    """Flatten row-major and pack `bits`-wide codes (2 or 4) into bytes, first code in the low bits."""
-    per_byte = 8 // bits
-    flat = codes.reshape(-1).astype(np.uint8) & ((1 << bits) - 1)
-    pad = (-flat.size) % per_byte
-    flat = np.concatenate([flat, np.zeros(pad, np.uint8)]).reshape(-1, per_byte)
-    out = np.zeros(flat.shape[0], np.uint8)
-    for i in range(per_byte):
-        out |= flat[:, i] << (bits * i)
-    return out
+    return pack_bits_k(codes, 4)
 
 
 # -- 2:4 compression ---------------------------------------------------------------------
@@ -262,7 +268,7 @@ def pack_weight(
         if mask is None:
             raise ValueError("a 2:4 format needs the mask of kept entries")
         w, idx = compress_24(w, mask)
-        indices = pack_bits_flat(idx, 2)
+        indices = pack_bits_k(idx, 2)
     if fmt.kind in _FLOAT_DTYPES:
         return PackedWeight(fmt, k, n, _trim((w.astype(_np_dtype(_FLOAT_DTYPES[fmt.kind])), None, None, indices)))
     ks = w.shape[0]
@@ -278,7 +284,7 @@ def pack_weight(
     if fmt.kind == "int8":
         arrays = (codes[:ks].astype(np.int8), scale.reshape(n).astype(np.float16), None, indices)
     elif fmt.kind == "int4":
-        zeros = None if fmt.symmetric else pack_bits_flat(zero.astype(np.uint8), 4)
+        zeros = None if fmt.symmetric else pack_bits_k(zero.astype(np.uint8), 4)
         arrays = (pack_nibbles_k(codes), scale.astype(np.float16), zeros, indices)
     else:  # mx: exponents biased by 127
         exponents = (np.round(np.log2(scale)) + 127).astype(np.uint8)

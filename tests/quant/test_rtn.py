@@ -10,11 +10,11 @@ from aviatorc.quant.rtn import (
     dequantize,
     expand_groups,
     layout_bytes,
-    pack_bits_flat,
+    pack_bits_k,
     pack_nibbles_k,
     pack_weight,
     quant_params,
-    unpack_bits_flat,
+    unpack_bits_k,
     unpack_nibbles_k,
 )
 from aviatorc.quant.sparse import check_24, magnitude_mask
@@ -49,12 +49,13 @@ def test_nibble_and_bit_packing_round_trip() -> None:
     unsigned = rng.integers(0, 16, (32, 3))
     assert np.array_equal(unpack_nibbles_k(pack_nibbles_k(unsigned), signed=False), unsigned)
     for bits in (2, 4):
-        flat = rng.integers(0, 1 << bits, 37)
-        packed = pack_bits_flat(flat, bits)
-        assert packed.size == -(-37 * bits // 8)
-        assert np.array_equal(unpack_bits_flat(packed, bits, 37), flat)
-    # The documented layout: row 2i in the low nibble.
+        codes_RN = rng.integers(0, 1 << bits, (37, 5))  # 37 rows: the last byte row is padded
+        packed = pack_bits_k(codes_RN, bits)
+        assert packed.shape == (-(-37 * bits // 8), 5) and packed.dtype == np.uint8
+        assert np.array_equal(unpack_bits_k(packed, bits, 37), codes_RN)
+    # The documented layouts: row 2i in the low nibble; 2-bit row 4j + i at bits 2i of byte row j.
     assert pack_nibbles_k(np.array([[1], [2]]))[0, 0] == 0x21
+    assert pack_bits_k(np.array([[1], [2], [3], [0], [2]]), 2).tolist() == [[0b00111001], [0b10]]
 
 
 @pytest.mark.parametrize("fmt", [f for f in FORMATS if f.kind not in ("fp32", "fp16", "bf16")], ids=lambda f: f.name)
