@@ -1,0 +1,294 @@
+"""The scheduler: a placed graph becomes one instruction stream per chiplet, with prefetch.
+
+Steps, for one phase (a decode step of `batch` tokens, or one prefill chunk):
+
+1. Homes: each layer's non-weight nodes (norms, rotary, attention, residuals) run on its home
+   chiplet: the chiplet holding (or reading) its KV cache, else the one computing most of its
+   weight tiles. Weight nodes run where their tiles compute: one `compute` per tile, a column
+   strip of a MatMul or a row range of a lookup.
+2. Data flow, in the graph's topological order (so every stream follows one global order and
+   no two streams can wait on each other in a cycle): a value produced on one chiplet and read
+   on another is sent right after it is produced (`send`) and received right before its first
+   reader there (`recv`). A weight node's parts are sent to its layer's home and collected
+   there (concatenated columns, or summed disjoint rows) before anyone reads the whole value.
+3. Weights: a resident tile is read from its buffer. A streamed tile (and, with the KV cache in
+   LPDDR, each KV chunk) is staged: `load` into a staging buffer on its compute chiplet,
+   `wait`, `compute`, `free`. With prefetch, each stream issues its loads in the order it will
+   use them as early as its staging budget allows (after the `free` that made room), so the
+   next layers' weights arrive during this layer's compute; without it, a load is issued just
+   before its use. Either way the loads of one card share its LPDDR channel.
+4. Costs written on each `compute`: a strip's FLOPs (2 x tokens x k x n) and the bytes it reads
+   from SRAM; attention's FLOPs and KV bytes; the target's per-layer fixed latency once per
+   layer, on its home. Other nodes (norms, elementwise, shape ops) run on vector units and
+   are not costed: the per-layer latency term stands for them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from aviatorc.ir import Node, Value
+from aviatorc.partition.placement import Placement
+from aviatorc.partition.tiling import Tile
+from aviatorc.plan.ir import Buffer, Instr, Program, Workload, instr
+from aviatorc.schedule.memory import MemoryPlan
+from aviatorc.schedule.model import ModelFacts, TileUse
+from aviatorc.target import Target
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """A use of a staged buffer: loaded from `card`, consumed by `compute`."""
+
+    buffer: Buffer
+    card: int
+    compute: Instr
+
+
+def resident_buffer(tile: int) -> str:
+    return f"w.t{tile}"
+
+
+def build_program(facts: ModelFacts, placement: Placement, target: Target, memory: MemoryPlan,
+                  workload: Workload, phase: str, *, chiplets: Sequence[int], prefetch: bool = True) -> Program:
+    tokens = workload.tokens("decode") if phase == "decode" else memory.prefill_chunk_tokens
+    builder = _Builder(facts, placement, target, memory, workload, phase, tokens, list(chiplets))
+    builder.run()
+    return builder.finish(prefetch)
+
+
+class _Builder:
+    def __init__(self, facts: ModelFacts, placement: Placement, target: Target, memory: MemoryPlan,
+                 workload: Workload, phase: str, tokens: int, chiplets: list[int]) -> None:
+        self.facts, self.placement, self.target, self.memory = facts, placement, target, memory
+        self.workload, self.phase, self.tokens, self.chiplets = workload, phase, tokens, chiplets
+        self.program = Program(phase, workload)
+        self.entries: dict[int, list[Instr | _Staged]] = {c: [] for c in chiplets}
+        self.location: dict[str, int] = {}  # value -> chiplet holding it whole
+        self.delivered: set[tuple[str, int]] = set()
+        self.charged_layers: set[int] = set()
+        self.homes = self._homes()
+        self.skipped = facts.weight_chain
+        self.node_chiplets = {n.name: self._chiplets_of(n) for n in facts.order}
+        self.staged_names: dict[int, int] = {}
+
+    # -- placement of nodes --------------------------------------------------------------
+
+    def _homes(self) -> dict[int, int]:
+        work: dict[int, dict[int, int]] = {}
+        for node, uses in self.facts.uses.items():
+            layer = self.facts.layer_of_node[node]
+            for use in uses:
+                c = self.placement.compute_chiplet[use.tile]
+                per = work.setdefault(layer, {})
+                per[c] = per.get(c, 0) + self.placement.tiles[use.tile].storage_bytes
+        homes: dict[int, int] = {}
+        previous = self.chiplets[0]
+        for layer in self.facts.layers:
+            if layer in self.memory.kv.chiplet_of_layer:
+                home = self.memory.kv.chiplet_of_layer[layer]
+            elif layer in work:
+                home = max(sorted(work[layer]), key=lambda c: work[layer][c])
+            else:
+                home = previous
+            homes[layer] = previous = home
+        return homes
+
+    def _chiplets_of(self, node: Node) -> list[int]:
+        uses = self.facts.uses.get(node.name)
+        if uses:
+            return sorted({self.placement.compute_chiplet[u.tile] for u in uses})
+        return [self.homes[self.facts.layer_of_node[node.name]]]
+
+    # -- sizes ---------------------------------------------------------------------------
+
+    def value_bytes(self, value: Value) -> int:
+        per_token = self.facts.elements_per_token(value.name)
+        return max(1, math.ceil(per_token * self.tokens * self.target.activation_bytes_per_element))
+
+    # -- emission ------------------------------------------------------------------------
+
+    def run(self) -> None:
+        for c in self.chiplets:
+            self.program.add_buffer(Buffer(f"scratch.{c}", c, self.memory.scratch_bytes, "scratch"))
+        for t, w in enumerate(self.placement.where):
+            if w < self.placement.num_chiplets:
+                self.program.add_buffer(Buffer(resident_buffer(t), w, self.placement.tiles[t].storage_bytes,
+                                               "resident", f"t{t}"))
+        if self.memory.kv.location == "sram":
+            for layer, nbytes in sorted(self.memory.kv.bytes_per_layer.items()):
+                self.program.add_buffer(Buffer(f"kv.{layer}", self.memory.kv.chiplet_of_layer[layer], nbytes, "kv",
+                                               f"kv.{layer}"))
+        for node in self.facts.order:
+            if node.name in self.skipped:
+                continue
+            uses = self.facts.uses.get(node.name)
+            if uses:
+                self._weight_node(node, uses)
+            else:
+                self._plain_node(node)
+
+    def _plain_node(self, node: Node) -> None:
+        layer = self.facts.layer_of_node[node.name]
+        home = self.homes[layer]
+        self._receive_inputs(node, home)
+        if node.name in self.facts.attention:
+            self._attention(node, layer, home)
+        else:
+            self._compute(home, layer, node=node.name, bufs=(), flops=0, bytes=0, kind="fp16", part="")
+        for out in node.outputs:
+            self.location[out.name] = home
+            self._send_to_readers(out, home)
+
+    def _weight_node(self, node: Node, uses: list[TileUse]) -> None:
+        layer = self.facts.layer_of_node[node.name]
+        home = self.homes[layer]
+        out = node.outputs[0]
+        rows_total = max(u.stop for u in uses)
+        # A prefill computes the graph's outputs (logits) for each sequence's last token only.
+        tokens = min(self.tokens, self.workload.batch) if out.name in self.facts.outputs else self.tokens
+        num_c = self.placement.num_chiplets
+        for use in uses:
+            tile = self.placement.tiles[use.tile]
+            c = self.placement.compute_chiplet[use.tile]
+            w = self.placement.where[use.tile]
+            self._receive_inputs(node, c)
+            for start, stop in self._pieces(tile, use, streamed=w >= num_c):
+                part = f"{use.part.split(':')[0]}:{start}:{stop}"
+                if node.op == "Gather":  # each token reads one row: expected bytes in this row range
+                    read = min(tile.storage_bytes, math.ceil(tile.storage_bytes * tokens / max(1, rows_total)))
+                    flops = 0
+                    part_bytes = self.value_bytes(out)  # a partial lookup is as wide as the whole
+                else:
+                    read = tile.format.storage_bytes(tile.k, stop - start)
+                    flops = 2 * tokens * tile.k * (stop - start)
+                    part_bytes = math.ceil(self.value_bytes(out) * (stop - start) / max(1, rows_total))
+                fields = dict(node=node.name, flops=flops, bytes=read, kind=tile.format.kind, part=part)
+                if w < num_c:
+                    self._compute(c, layer, bufs=(resident_buffer(use.tile),), **fields)
+                else:
+                    buffer = self._staging_buffer(f"s.t{use.tile}.{start}", c, read, f"t{use.tile}")
+                    self.entries[c].append(_Staged(buffer, w - num_c,
+                                                   self._make_compute(c, layer, bufs=(buffer.name,), **fields)))
+                if c != home:
+                    label = f"{out.name}[{part}]"
+                    self.entries[c].append(instr("send", label, to=home, bytes=part_bytes))
+                    self.entries[home].append(instr("recv", label, src=c, bytes=part_bytes))
+        self.location[out.name] = home
+        self._send_to_readers(out, home)
+
+    def _pieces(self, tile: Tile, use: TileUse, *, streamed: bool) -> list[tuple[int, int]]:
+        """The column ranges one use is computed in: the whole strip, or for a streamed strip
+        sub-strips (whole matrix units) of at most one staging chunk each."""
+        if not streamed or use.part.startswith("rows") or tile.storage_bytes <= self.memory.stage_chunk_bytes:
+            return [(use.start, use.stop)]
+        unit = self.target.matrix_unit_n
+        per_unit = max(1, tile.format.storage_bytes(tile.k, unit))
+        step = max(1, self.memory.stage_chunk_bytes // per_unit) * unit
+        return [(a, min(a + step, use.stop)) for a in range(use.start, use.stop, step)]
+
+    def _attention(self, node: Node, layer: int, home: int) -> None:
+        kv = self.memory.kv
+        width = self.facts.kv_width.get(layer, 0)
+        q_width = self.facts.q_width.get(layer, width)
+        kind = "int8" if kv.dtype == "int8" else "fp16"
+        if self.phase == "prefill":
+            # A chunk of c tokens attends to the prompt before it: on average half of it (causal).
+            context = max(1, self.workload.prompt // 2)
+            flops = 4 * self.tokens * context * q_width
+            written = kv.bytes_per_layer.get(layer, 0) * self.tokens // max(1, self.workload.batch * self.workload.context)
+            bufs = (f"kv.{layer}",) if kv.location == "sram" and layer in kv.bytes_per_layer else ()
+            self._compute(home, layer, node=node.name, bufs=bufs, flops=flops, bytes=written, kind=kind, part="")
+            return
+        flops = 4 * self.workload.batch * self.workload.context * q_width
+        nbytes = kv.bytes_per_layer.get(layer, 0)
+        if kv.location == "sram" or nbytes == 0:
+            bufs = (f"kv.{layer}",) if nbytes else ()
+            self._compute(home, layer, node=node.name, bufs=bufs, flops=flops, bytes=nbytes, kind=kind, part="")
+            return
+        chunks = math.ceil(nbytes / kv.chunk_bytes)
+        card = self.target.card_of(home)
+        for i in range(chunks):
+            share = min(kv.chunk_bytes, nbytes - i * kv.chunk_bytes)
+            buffer = self._staging_buffer(f"kv.{layer}.{i}", home, share, f"kv.{layer}.{i}")
+            compute = self._make_compute(home, layer, node=node.name, bufs=(buffer.name,), flops=flops * share // nbytes,
+                                         bytes=share, kind=kind, part=f"kv:{i}:{chunks}")
+            self.entries[home].append(_Staged(buffer, card, compute))
+
+    def _staging_buffer(self, base: str, chiplet: int, nbytes: int, tile: str) -> Buffer:
+        name = base
+        if name in self.program.buffers:  # a tile staged twice (a tied table's lookup and head)
+            name = f"{base}.{sum(1 for b in self.program.buffers if b.startswith(base + '.')) + 1}"
+        return self.program.add_buffer(Buffer(name, chiplet, nbytes, "staging", tile))
+
+    def _make_compute(self, chiplet: int, layer: int, **fields: object) -> Instr:
+        fixed = 0
+        if layer >= 0 and layer not in self.charged_layers and chiplet == self.homes[layer]:
+            self.charged_layers.add(layer)
+            fixed = round(self.target.per_layer_latency_s * 1e9)
+        return instr("compute", fixed_ns=fixed, **fields)
+
+    def _compute(self, chiplet: int, layer: int, **fields: object) -> None:
+        self.entries[chiplet].append(self._make_compute(chiplet, layer, **fields))
+
+    def _receive_inputs(self, node: Node, chiplet: int) -> None:
+        weight = node.inputs[0] if node.op == "Gather" and node.name in self.facts.uses else (
+            node.inputs[1] if node.name in self.facts.uses else None)
+        for value in node.inputs:
+            if value is None or value is weight or value.is_initializer or value.name not in self.location:
+                continue
+            source = self.location[value.name]
+            if source == chiplet or (value.name, chiplet) in self.delivered:
+                continue
+            self.delivered.add((value.name, chiplet))
+            self.entries[chiplet].append(instr("recv", value.name, src=source, bytes=self.value_bytes(value)))
+
+    def _send_to_readers(self, value: Value, source: int) -> None:
+        """Send `value` now to every other chiplet that will read it (the recv comes at the reader)."""
+        targets = sorted({c for user in value.users if user.name not in self.skipped
+                          for c in self.node_chiplets[user.name] if c != source})
+        for c in targets:
+            self.entries[source].append(instr("send", value.name, to=c, bytes=self.value_bytes(value)))
+
+    # -- loads ---------------------------------------------------------------------------
+
+    def finish(self, prefetch: bool) -> Program:
+        for c in self.chiplets:
+            budget = self.memory.staging_bytes if prefetch else 0
+            for ins in _with_loads(self.entries[c], budget):
+                self.program.emit(c, ins)
+        return self.program
+
+
+def _with_loads(entries: list[Instr | _Staged], budget: int) -> list[Instr]:
+    """Insert each staged use's `load` (in use order, as early as `budget` bytes of staging
+    allow; budget 0: just before its use), `wait` before its compute and `free` after it."""
+    staged = [e for e in entries if isinstance(e, _Staged)]
+    out: list[Instr] = []
+    issued = 0  # staged uses whose load is out
+    occupancy = 0
+
+    def issue(upto: int) -> None:
+        nonlocal issued, occupancy
+        while issued < len(staged) and (issued < upto or occupancy + staged[issued].buffer.bytes <= budget):
+            use = staged[issued]
+            out.append(instr("load", use.buffer.name, card=use.card, bytes=use.buffer.bytes))
+            occupancy += use.buffer.bytes
+            issued += 1
+
+    issue(0)
+    position = 0
+    for entry in entries:
+        if not isinstance(entry, _Staged):
+            out.append(entry)
+            continue
+        position += 1
+        issue(position)  # this use's own load, whatever the budget says
+        out.append(instr("wait", entry.buffer.name))
+        out.append(entry.compute)
+        out.append(instr("free", entry.buffer.name))
+        occupancy -= entry.buffer.bytes
+        issue(0)
+    return out

@@ -1,0 +1,164 @@
+"""SRAM the weights cannot have: the KV cache, activation scratch and streamed-weight staging.
+
+Sized from the model and the workload, before partitioning, so the partitioner places weights
+in what is really left (`reserve_bytes`, one figure per chiplet):
+
+- KV cache: layers x (K + V width per token) x context x batch x bytes per element (2 for a
+  16-bit cache; 1 plus a 2-byte scale per head and token for INT8). In SRAM when it takes at
+  most `KV_SRAM_SHARE` of the machine's SRAM (`kv="auto"`), spread over the allowed chiplets
+  one layer at a time; otherwise it stays in LPDDR and each decode step streams it in chunks.
+  A KV block held in SRAM costs the same per byte as a resident weight (both are read once per
+  step), so which of the two stays is a wash in the bound; auto keeps small caches on chip.
+- Activation scratch: the peak of live activation bytes over the node order (a value lives
+  from its producer to its last user) at the tokens a program processes. A prefill whose
+  activations would need more than the decode step's scratch and `PREFILL_SCRATCH_SHARE` of a
+  chiplet runs in chunks of `prefill_chunk_tokens` (chunked prefill: halved until it fits).
+- Staging: a streamed tile (or KV block) is loaded in chunks of at most `stage_chunk_bytes`
+  (column sub-strips of a weight strip are strips too, so each chunk is computed on its own);
+  each chiplet keeps `STAGING_DEPTH` chunks in flight: double buffering and two ahead.
+
+An activation larger than a whole chiplet's SRAM can never be placed: it is refused here,
+with the node and the bytes, before anything is allocated or written.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from aviatorc.errors import InfeasibleError, OptionError
+from aviatorc.partition.tiling import Tile
+from aviatorc.plan.ir import Workload
+from aviatorc.schedule.model import ModelFacts
+from aviatorc.target import Target
+
+KV_SRAM_SHARE = 0.25  # kv="auto": keep the cache in SRAM when it needs at most this share of it
+KV_DTYPES = {"fp16": 2, "bf16": 2, "int8": 1}
+KV_MODES = ("auto", "sram", "lpddr")
+PREFILL_SCRATCH_SHARE = 1 / 32  # of a chiplet's SRAM: prefill activations beyond this are chunked
+STAGE_CHUNK_SHARE = 1 / 128  # of a chiplet's SRAM: the most one streamed chunk takes
+STAGING_DEPTH = 4  # chunks in flight per chiplet
+HEAD_DIM_FOR_SCALES = 128  # INT8 KV: one fp16 scale per head and token, heads of this width assumed
+
+
+@dataclass(frozen=True)
+class KVPlan:
+    """Where each layer's KV cache lives and what it costs."""
+
+    dtype: str
+    location: str  # "sram" or "lpddr"
+    bytes_per_layer: dict[int, int]  # at the workload's batch x context
+    chiplet_of_layer: dict[int, int]  # the chiplet holding (sram) or reading (lpddr) the layer's cache
+    chunk_bytes: int  # lpddr: bytes per streamed chunk
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.bytes_per_layer.values())
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    kv: KVPlan
+    scratch_bytes: int  # per chiplet, the larger of the two phases
+    prefill_chunk_tokens: int  # tokens per prefill program (the prompt runs in ceil(B * P / this) chunks)
+    staging_bytes: int  # per chiplet
+    stage_chunk_bytes: int  # the most one load brings in (a sub-strip of a streamed tile, a KV block)
+    reserve_bytes: tuple[int, ...]  # per chiplet of the machine: held back from weights
+
+    def describe(self) -> dict[str, object]:
+        return {"kv_dtype": self.kv.dtype, "kv_location": self.kv.location, "kv_bytes": self.kv.total_bytes,
+                "kv_chunk_bytes": self.kv.chunk_bytes, "scratch_bytes_per_chiplet": self.scratch_bytes,
+                "prefill_chunk_tokens": self.prefill_chunk_tokens,
+                "staging_bytes_per_chiplet": self.staging_bytes,
+                "stage_chunk_bytes": self.stage_chunk_bytes, "reserve_bytes": list(self.reserve_bytes)}
+
+
+def kv_bytes_per_token(width: int, dtype: str) -> float:
+    """Bytes of one token's K and V in one layer."""
+    if dtype not in KV_DTYPES:
+        raise OptionError(f"unknown KV cache type '{dtype}'", hint=f"choose one of {', '.join(KV_DTYPES)}")
+    scales = 2 * 2 * max(1, width // (2 * HEAD_DIM_FOR_SCALES)) if dtype == "int8" else 0
+    return width * KV_DTYPES[dtype] + scales
+
+
+def plan_memory(facts: ModelFacts, tiles: Sequence[Tile], target: Target, workload: Workload, *,
+                chiplets: Sequence[int], kv: str = "auto", kv_dtype: str = "fp16") -> MemoryPlan:
+    if kv not in KV_MODES:
+        raise OptionError(f"unknown KV placement '{kv}'", hint=f"choose one of {', '.join(KV_MODES)}")
+    if workload.batch < 1 or workload.context < 0 or workload.prompt < 1:
+        raise OptionError(f"batch, context and prompt must be positive (batch={workload.batch}, "
+                          f"context={workload.context}, prompt={workload.prompt})")
+    decode_peak = activation_peak_bytes(facts, target, workload.tokens("decode"), workload.batch)
+    budget = max(decode_peak, int(PREFILL_SCRATCH_SHARE * target.chiplet.sram_bytes))
+    chunk = workload.tokens("prefill")
+    while chunk > 1 and activation_peak_bytes(facts, target, chunk, workload.batch, refuse=False) > budget:
+        chunk = math.ceil(chunk / 2)
+    scratch = max(decode_peak, activation_peak_bytes(facts, target, chunk, workload.batch, refuse=False))
+    largest_tile = max((t.storage_bytes for t in tiles), default=0)
+    # A chunk is at least one matrix-unit-wide strip of the deepest weight, so any tile can be cut to it.
+    narrowest = max((t.format.storage_bytes(t.k, min(t.n, target.matrix_unit_n)) for t in tiles), default=0)
+    stage_chunk = max(1, narrowest, min(largest_tile, int(STAGE_CHUNK_SHARE * target.chiplet.sram_bytes)))
+    per_layer = {layer: math.ceil(kv_bytes_per_token(width, kv_dtype) * workload.context * workload.batch)
+                 for layer, width in sorted(facts.kv_width.items()) if width}
+    total_kv = sum(per_layer.values())
+    sram_total = target.chiplet.sram_bytes * len(chiplets)
+    location = kv if kv != "auto" else ("sram" if total_kv <= KV_SRAM_SHARE * sram_total else "lpddr")
+    kv_chunk = stage_chunk if location == "lpddr" else 0
+    staging = STAGING_DEPTH * stage_chunk
+    owners = {layer: chiplets[i % len(chiplets)] for i, layer in enumerate(sorted(per_layer))}
+    reserve = [0] * target.num_chiplets
+    for c in chiplets:
+        reserve[c] = scratch + staging
+    if location == "sram":
+        for layer, nbytes in per_layer.items():
+            reserve[owners[layer]] += nbytes
+    for c in chiplets:
+        if reserve[c] >= target.chiplet.sram_bytes:
+            held = reserve[c] - scratch - staging
+            raise InfeasibleError(
+                f"chiplet {c} needs {_mib(reserve[c])} for the KV cache ({_mib(held)}), activations "
+                f"({_mib(scratch)}) and weight staging ({_mib(staging)}) but has {_mib(target.chiplet.sram_bytes)} SRAM",
+                file=target.source, hint="keep the KV cache in LPDDR (kv='lpddr'), use an INT8 KV cache, "
+                "a smaller batch or context, or more cards")
+    kv_plan = KVPlan(kv_dtype, location, per_layer, owners, kv_chunk)
+    return MemoryPlan(kv=kv_plan, scratch_bytes=scratch, prefill_chunk_tokens=chunk, staging_bytes=staging,
+                      stage_chunk_bytes=stage_chunk,
+                      reserve_bytes=tuple(reserve))
+
+
+def activation_peak_bytes(facts: ModelFacts, target: Target, tokens: int, output_tokens: int, *,
+                          refuse: bool = True) -> int:
+    """Peak live activation bytes over the node order; with `refuse`, a value no chiplet could
+    hold is an InfeasibleError naming its node."""
+    scale = tokens / facts.graph_tokens
+    output_scale = min(tokens, output_tokens) / facts.graph_tokens
+    element = target.activation_bytes_per_element
+    last_use: dict[str, int] = {}
+    for index, node in enumerate(facts.order):
+        for value in node.inputs:
+            if value is not None and value.name in facts.value_elements:
+                last_use[value.name] = index
+    live = peak = 0
+    ending: dict[int, int] = {}
+    for index, node in enumerate(facts.order):
+        for out in node.outputs:
+            if out.name in facts.score_values or out.name not in facts.value_elements:
+                continue
+            factor = output_scale if out.name in facts.outputs else scale
+            nbytes = math.ceil(facts.value_elements[out.name] * max(1.0, factor) * element)
+            if refuse and nbytes > target.chiplet.sram_bytes:
+                raise InfeasibleError(
+                    f"activation '{out.name}' needs {_mib(nbytes)} ({facts.value_elements[out.name]:,} elements) "
+                    f"but a chiplet has {_mib(target.chiplet.sram_bytes)} of SRAM", node=node.name, op=node.op,
+                    file=target.source, needed_bytes=nbytes, hint="no placement can hold it; check the model's shapes")
+            live += nbytes
+            end = last_use.get(out.name, index)
+            ending[end] = ending.get(end, 0) + nbytes
+        peak = max(peak, live)
+        live -= ending.pop(index, 0)
+    return peak
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.2f} MiB"

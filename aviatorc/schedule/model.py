@@ -1,0 +1,154 @@
+"""What the scheduler reads off the IR graph: node order, layers, weight uses, attention, sizes.
+
+- Every node gets a layer: a node reading a placed weight takes the weight's layer; any other
+  node the largest layer among its inputs (graph inputs and constants are layer -1). So a
+  block's input norm runs with the block before it, and its attention with its own QKV.
+- A *weight use* is a node reading placed tiles: a MatMul reads column strips (`cols`), an
+  embedding Gather reads row ranges (`rows`; of a tied head's strips, whose columns are the
+  table's rows).
+- Attention is where the KV cache is read: one Softmax (or Attention node) per block. The KV
+  width per token of a layer comes from its k and v projections (fused or not): the widths of
+  the `k` and `v` parts of a fused weight, or the n of the `k_proj`/`v_proj`-like weights.
+- Activation sizes: elements per token are a value's element count over the tokens the graph
+  itself was built for (symbolic dims count 1), scaled to the tokens a program processes.
+  Attention scores (the Softmax's input and output) are assumed computed in tiles, flash-
+  attention style, and take no activation buffer. A prefill needs the graph's outputs (the
+  logits) for each sequence's last token only, as serving stacks compute them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from aviatorc.ir import Graph, Node, Value
+from aviatorc.partition.tiling import Tile
+
+ATTENTION_OPS = ("Softmax", "Attention")
+_K_ROLES = {"k", "k_proj", "key", "k_lin", "wk", "to_k"}
+_V_ROLES = {"v", "v_proj", "value", "v_lin", "wv", "to_v"}
+_Q_ROLES = {"q", "q_proj", "query", "q_lin", "wq", "to_q"}
+
+
+@dataclass(frozen=True)
+class TileUse:
+    """Tile `tile` read by graph node `node`: part "cols:A:B" of a MatMul's output or "rows:A:B"
+    of a lookup's table."""
+
+    tile: int
+    node: str
+    part: str
+    start: int
+    stop: int
+
+
+@dataclass
+class ModelFacts:
+    """The graph as the scheduler sees it."""
+
+    order: list[Node]
+    layer_of_node: dict[str, int]
+    uses: dict[str, list[TileUse]]  # node name -> the tiles it reads
+    attention: dict[str, int]  # attention node name -> layer
+    kv_width: dict[int, int]  # layer -> K + V elements per token
+    q_width: dict[int, int]  # layer -> query elements per token (heads x head dim)
+    graph_tokens: int  # tokens the graph's own shapes are built for (symbolic dims: 1)
+    value_elements: dict[str, int] = field(default_factory=dict)  # value -> elements in the graph's own shapes
+    score_values: set[str] = field(default_factory=set)  # attention scores: no activation buffer
+    weight_chain: set[str] = field(default_factory=set)  # nodes between a stored weight and its reader
+    outputs: set[str] = field(default_factory=set)  # graph output values
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted(set(self.layer_of_node.values()))
+
+    def elements_per_token(self, value: str) -> float:
+        return self.value_elements.get(value, 0) / self.graph_tokens
+
+
+def numel_bound(shape: Sequence[int | str | None]) -> int:
+    """Element count with symbolic (or unknown) dims counted as 1."""
+    return math.prod(d if isinstance(d, int) else 1 for d in shape)
+
+
+def model_facts(graph: Graph, tiles: Sequence[Tile]) -> ModelFacts:
+    uses = _tile_uses(graph, tiles)
+    layer_of_tile_node = {name: tiles[u[0].tile].layer for name, u in uses.items() if u}
+    layer_of: dict[str, int] = {}
+    value_layer: dict[int, int] = {}
+    for node in graph.nodes:
+        if node.name in layer_of_tile_node:
+            layer = layer_of_tile_node[node.name]
+        else:
+            layer = max((value_layer.get(id(v), -1) for v in node.inputs if v is not None), default=-1)
+        layer_of[node.name] = layer
+        for out in node.outputs:
+            value_layer[id(out)] = layer
+    attention = {n.name: layer_of[n.name] for n in graph.nodes if n.op in ATTENTION_OPS}
+    q_width, kv_width = _attention_widths(tiles)
+    scores = {v.name for n in graph.nodes if n.op == "Softmax" for v in (*n.inputs, *n.outputs) if v is not None}
+    chain = _weight_chain_nodes(graph, uses)
+    elements = {out.name: numel_bound(out.type.shape) for n in graph.nodes if n.name not in chain for out in n.outputs}
+    return ModelFacts(list(graph.nodes), layer_of, uses, attention, kv_width, q_width, _graph_tokens(graph),
+                      elements, scores, chain, {v.name for v in graph.outputs})
+
+
+WEIGHT_CHAIN_OPS = ("DequantizeWeight", "Cast", "Transpose")  # between a stored weight and its reader
+
+
+def _weight_chain_nodes(graph: Graph, uses: dict[str, list[TileUse]]) -> set[str]:
+    """Nodes between a stored weight and its reader (dequantize, cast, transpose): the tiles
+    stand for them, in the plan and in SRAM."""
+    chain: set[str] = set()
+    for node in graph.nodes:
+        if node.name not in uses:
+            continue
+        value = node.inputs[0] if node.op == "Gather" else node.inputs[1]
+        while value is not None and value.producer is not None and value.producer.op in WEIGHT_CHAIN_OPS:
+            chain.add(value.producer.name)
+            value = value.producer.inputs[0]
+    return chain
+
+
+def _tile_uses(graph: Graph, tiles: Sequence[Tile]) -> dict[str, list[TileUse]]:
+    nodes = {n.name: n for n in graph.nodes}
+    uses: dict[str, list[TileUse]] = {}
+    for index, tile in enumerate(tiles):
+        for name in tile.nodes:
+            node = nodes.get(name)
+            if node is None:
+                continue  # config-derived specs name nodes of a graph that was never built
+            if node.op == "Gather":
+                # A lookup reads table rows: an embedding's row tiles, or a tied head's column strips.
+                start, stop = (tile.k_start, tile.k_stop) if tile.is_embedding else (tile.n_start, tile.n_stop)
+                uses.setdefault(name, []).append(TileUse(index, name, f"rows:{start}:{stop}", start, stop))
+            else:
+                uses.setdefault(name, []).append(
+                    TileUse(index, name, f"cols:{tile.n_start}:{tile.n_stop}", tile.n_start, tile.n_stop))
+    return uses
+
+
+def _attention_widths(tiles: Sequence[Tile]) -> tuple[dict[int, int], dict[int, int]]:
+    """Per layer: query width and K + V width per token, from the projections' columns."""
+    q: dict[int, set[tuple[str, int, int]]] = {}
+    kv: dict[int, set[tuple[str, int, int]]] = {}
+    for tile in tiles:
+        parts = tile.parts or ((tile.role, tile.n_start, tile.n_stop),)
+        for role, start, stop in parts:
+            key = (tile.weight + ":" + role, start, stop)
+            if role in _Q_ROLES:
+                q.setdefault(tile.layer, set()).add(key)
+            elif role in _K_ROLES or role in _V_ROLES:
+                kv.setdefault(tile.layer, set()).add(key)
+    width = {layer: sum(stop - start for _, start, stop in spans) for layer, spans in kv.items()}
+    return {layer: sum(b - a for _, a, b in spans) for layer, spans in q.items()}, width
+
+
+def _graph_tokens(graph: Graph) -> int:
+    """Tokens in the graph's own shapes: the element count of its first integer input (ids)."""
+    for value in graph.inputs:
+        if value.type.dtype.startswith("int"):
+            return max(1, numel_bound(value.type.shape))
+    first: Value | None = graph.inputs[0] if graph.inputs else None
+    return max(1, numel_bound(first.type.shape[:-1])) if first is not None else 1
