@@ -17,10 +17,11 @@ from aviatorc.errors import AviatorError
 if TYPE_CHECKING:
     from aviatorc.compiler import CompileResult
     from aviatorc.ir import Graph
+    from aviatorc.plan.artifact import Artifact
 
 __version__ = "0.1.0"
 
-__all__ = ["AviatorError", "__version__", "compile", "import_model"]
+__all__ = ["AviatorError", "__version__", "compile", "import_model", "load"]
 
 
 def import_model(source: Any, example_inputs: Any = None, **options: Any) -> Graph:
@@ -36,3 +37,11 @@ def compile(source: Any, example_inputs: Any = None, **options: Any) -> CompileR
     from aviatorc.compiler import compile as _compile
 
     return _compile(source, example_inputs, **options)
+
+
+def load(path: Any) -> Artifact:
+    """Open a compiled artifact directory, checking its version, hashes and references.
+    See `aviatorc.plan.artifact`."""
+    from aviatorc.plan.artifact import load as _load
+
+    return _load(path)

@@ -22,6 +22,8 @@ from aviatorc.errors import AviatorError, VerificationError
 from aviatorc.options import (
     ACTIVATION_METHODS,
     CALIBRATION_METHODS,
+    KV_CACHE_CHOICES,
+    KV_DTYPE_CHOICES,
     QUANT_CHOICES,
     SPARSITY_CHOICES,
     SPARSITY_METHODS,
@@ -95,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compile", help="import, transform, and place a model; write an artifact directory")
     p.add_argument("model", help="an .onnx file or a Hugging Face config.json")
     p.add_argument("-o", "--output", required=True, help="artifact directory to write")
-    p.add_argument("--target", help="a shipped target name (see `aviatorc target list`) or a TOML file")
+    p.add_argument("--target", help="a shipped target name (see `aviatorc target list`) or a TOML file (default: corsair)")
     p.add_argument("--cards", type=int, help="build an N-card server from the target's card description")
     p.add_argument("--quant", choices=QUANT_CHOICES, help="weight quantization")
     p.add_argument("--group-size", type=int, default=DEFAULTS.group_size,
@@ -112,6 +114,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--passes", help="explicit comma-separated pass pipeline (overrides the options)")
     p.add_argument("--print-ir-after-change", action="store_true", help="print the IR after each pass that changed it")
     p.add_argument("--time-limit", type=float, default=30.0, help="partitioner time budget in seconds")
+    p.add_argument("--batch", type=int, default=DEFAULTS.batch, help="sequences decoded together")
+    p.add_argument("--context", type=int, default=DEFAULTS.context, help="KV-cache tokens per sequence (decode)")
+    p.add_argument("--prompt", type=int, default=DEFAULTS.prompt, help="prompt tokens per sequence (prefill)")
+    p.add_argument("--no-prefetch", action="store_true", help="load streamed weights just before use (no overlap)")
+    p.add_argument("--kv-cache", choices=KV_CACHE_CHOICES, default=DEFAULTS.kv_cache, help="where the KV cache lives")
+    p.add_argument("--kv-dtype", choices=KV_DTYPE_CHOICES, default=DEFAULTS.kv_dtype, help="KV cache element type")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(handler=cmd_compile)
@@ -200,7 +208,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
         "activations": args.activations, "fuse_qkv": not args.no_fuse_qkv,
         "passes": tuple(p.strip() for p in args.passes.split(",") if p.strip()) if args.passes else None,
         "print_ir_after_change": args.print_ir_after_change, "seed": args.seed, "time_limit_s": args.time_limit,
+        "batch": args.batch, "context": args.context, "prompt": args.prompt, "prefetch": not args.no_prefetch,
+        "kv_cache": args.kv_cache, "kv_dtype": args.kv_dtype,
     }
+    from aviatorc.plan.artifact import check_output_path
+
+    check_output_path(args.output)  # before the compile spends its time
     start = time.perf_counter()
     result = compile_model(_model_path(args.model), calibration=calibration, log=log, **options)
     out = result.save(args.output)

@@ -1,20 +1,21 @@
-"""The compiler as one function of named stages: import, passes, accuracy, placement.
+"""The compiler as one function of named stages: import, passes, accuracy, memory, placement,
+schedule.
 
     art = aviatorc.compile("model.onnx", target="corsair", cards=4, quant="int4", calibration=batches)
     print(art.report.summary())
-    art.save("build/model.avc")
+    art.save("build/model.avc")             # aviatorc.load("build/model.avc") reads it back
 
-The artifact directory holds the transformed IR (`graph.ir`) and `report.json`; later stages
-(schedule, plan, runtime) add their files beside them. Saving writes to a temporary folder
-and renames it into place, so a failed compile never leaves half-written output.
+Why this order: the memory plan (KV cache, activations, staging) is sized from the model before
+partitioning, so the partitioner places weights only in the SRAM that is really left; the
+schedule then reads the placement. The artifact (`aviatorc.plan.artifact`) is written to a
+temporary folder and renamed into place, so a failed compile never leaves half-written output.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,7 +30,6 @@ from aviatorc.ir.interpreter import check_feeds
 from aviatorc.options import CompileOptions
 
 REPORT_VERSION = 1
-ARTIFACT_FILES = frozenset({"graph.ir", "report.json", "timings.json"})
 
 
 @dataclass
@@ -61,62 +61,81 @@ class Report:
                 text += (f", top-1 agreement {entry['top1_agreement']:.3f}, perplexity {entry['perplexity']:.3f} "
                          f"(fp32 {entry['perplexity_reference']:.3f})")
             lines.append(text)
+        if self.data.get("weights", {}).get("storage_note"):
+            lines.append(self.data["weights"]["storage_note"])
         placement = self.data.get("placement")
         if placement:
             lines.append(f"placement on {placement['target']}: {placement['status']}, "
                          f"{placement['objective_s'] * 1e6:.3f} us per decode step (weights), "
                          f"{placement['gap_to_bound']:.2%} above the lower bound; "
                          f"{placement['resident_bytes']:,} bytes resident, {placement['streamed_bytes']:,} streamed")
+        plan = self.data.get("plan")
+        if plan:
+            lines += plan_summary(plan)
         return "\n".join(lines)
+
+
+def seconds(value: float) -> str:
+    """A duration in the unit that reads best."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3f} {unit}"
+    return f"{value * 1e9:.1f} ns"
+
+
+def plan_summary(plan: Mapping[str, Any]) -> list[str]:
+    """The predicted figures, each next to its physical bound."""
+    p, memory = plan["prediction"], plan["memory"]
+    bound = p["bound"]
+    return [
+        f"predicted decode: {seconds(p['time_per_token_s'])} per step, {p['tokens_per_s']:,.1f} tokens/s; "
+        f"bound {seconds(bound['token_s'])}, efficiency {p['efficiency']:.3f}",
+        f"predicted time to first token: {seconds(p['ttft_s'])} (bound {seconds(bound['ttft_s'])}); "
+        f"cold start to first token {seconds(p['cold_start_s'])} (bound {seconds(bound['cold_s'])}; "
+        f"{seconds(p['cold_start_naive_order_s'])} loading in name order)",
+        f"SRAM: KV cache {memory['kv_bytes']:,} bytes in {memory['kv_location']} ({memory['kv_dtype']}), "
+        f"staging {memory['staging_bytes_per_chiplet']:,} and activations {memory['scratch_bytes_per_chiplet']:,} "
+        "bytes per chiplet",
+    ]
 
 
 @dataclass
 class CompileResult:
-    """The transformed graph, its report, and (with a target) the placement."""
+    """The transformed graph, its report, the placement and the plan."""
 
     graph: Graph
     report: Report
     options: CompileOptions
     placement: Any = None
-    timings: dict[str, Any] = field(default_factory=dict)  # wall clock: kept out of report.json
+    plan: Any = None
+    target: Any = None
+    timings: dict[str, Any] = field(default_factory=dict)  # wall clock: never written, so the artifact is reproducible
+
+    def artifact_files(self) -> dict[str, bytes]:
+        """The artifact's files by name (see `aviatorc.plan.artifact`)."""
+        from aviatorc.plan.artifact import WEIGHTS, encode_tensors, to_json_bytes
+        from aviatorc.plan.weights import pack_weights
+        from aviatorc.schedule import simulate
+        from aviatorc.schedule.trace import chrome_trace
+
+        files = {"graph.ir": print_graph(self.graph).encode(), "report.json": self.report.to_json().encode()}
+        if self.plan is None:
+            return files
+        plan = self.plan.to_dict()
+        tensors = pack_weights(self.graph, self.placement)
+        if tensors is not None:
+            files[WEIGHTS], plan["tensor_dtypes"] = encode_tensors(tensors)
+        files["plan.json"] = to_json_bytes(plan)
+        files["target.toml"] = self.target.to_toml().encode()
+        timeline = simulate(self.plan.programs["decode"], self.target)
+        files["trace.json"] = to_json_bytes(chrome_trace(timeline))
+        return files
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the artifact directory atomically: a temp folder renamed into place."""
-        files = {"graph.ir": print_graph(self.graph), "report.json": self.report.to_json(),
-                 "timings.json": json.dumps(self.timings, indent=2, sort_keys=True) + "\n"}
-        return write_directory_atomically(Path(path), files)
+        from aviatorc.plan.artifact import write_artifact
 
-
-def write_directory_atomically(out: Path, files: Mapping[str, str]) -> Path:
-    """Write `files` into a fresh staging folder beside `out`, then rename it to `out`.
-
-    An existing `out` is replaced only when it holds nothing but artifact files: a compile must
-    never delete a user's folder."""
-    out = Path(os.path.abspath(out))
-    if out.exists() and not out.is_dir():
-        raise OptionError(f"output '{out}' exists and is not a directory")
-    if out.is_dir():
-        foreign = sorted(p.name for p in out.iterdir() if p.name not in ARTIFACT_FILES)
-        if foreign:
-            raise OptionError(f"output '{out}' is a directory that is not an aviatorc artifact "
-                              f"(it holds {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''})",
-                              hint="choose a new output path; only an earlier artifact is replaced")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        for name, text in files.items():
-            (staging / name).write_text(text)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-            os.replace(staging, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(staging, out)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-    return out
+        return write_artifact(path, self.artifact_files())
 
 
 def compile(  # noqa: A001 - the public verb is `aviatorc.compile`
@@ -144,6 +163,14 @@ def compile(  # noqa: A001 - the public verb is `aviatorc.compile`
         options["keep_fp16"] = tuple(options["keep_fp16"])
     opts = make_options(options)
     target = _load_target(opts)
+    storage_note = None
+    if opts.quant is None and "fp32" not in target.weight_formats:
+        # The card has no fp32 storage: keep unquantized weights in its native 16-bit format.
+        native = "fp16" if "fp16" in target.weight_formats else "bf16"
+        opts = dataclasses.replace(opts, quant=native)
+        storage_note = (f"target '{target.name}' has no fp32 weights: unquantized weights are stored as {native} "
+                        "(pass quant= / --quant to choose a format)")
+        log(storage_note)
     log(f"importing {_describe(source)}")
     started = time.perf_counter()
     graph = import_model(source, example_inputs)
@@ -160,21 +187,46 @@ def compile(  # noqa: A001 - the public verb is `aviatorc.compile`
     report.data["passes"] = [{k: v for k, v in r.to_dict().items() if k != "seconds"} for r in records]
     timings["passes_s"] = {f"{i}:{r.name}": round(r.seconds, 4) for i, r in enumerate(records)}
     report.data["weights"] = _weight_accounting(graph)
+    if storage_note is not None:
+        report.data["weights"]["storage_note"] = storage_note
     if reference is not None:
         from aviatorc.accuracy import accuracy_report
 
         log("measuring accuracy against the fp32 model")
         report.data["accuracy"] = accuracy_report(reference, graph, batches or [])
-    placement = None
-    if target is not None:
-        from aviatorc.partition import partition
-        from aviatorc.partition.weights import weights_from_graph
+    placement, plan = _place_and_schedule(graph, target, opts, time_limit_s, report, timings, log)
+    return CompileResult(graph, report, opts, placement, plan, target, timings)
 
-        log(f"partitioning onto {target.name}")
-        placement = partition(weights_from_graph(graph), target, time_limit_s=time_limit_s, seed=opts.seed)
-        report.data["placement"] = {k: v for k, v in placement.to_dict().items() if k != "solve_time_s"}
-        timings["partition_s"] = placement.solve_time_s
-    return CompileResult(graph, report, opts, placement, timings)
+
+def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_limit_s: float, report: Report,
+                        timings: dict[str, Any], log: Callable[[str], None]) -> tuple[Any, Any]:
+    """Memory plan, partition, schedule and check: the placement and the plan."""
+    import hashlib
+
+    from aviatorc.partition import make_problem, partition
+    from aviatorc.partition.weights import weights_from_graph
+    from aviatorc.schedule import Workload, model_facts, plan_memory, schedule
+
+    weights = weights_from_graph(graph)
+    workload = Workload(opts.batch, opts.context, opts.prompt)
+    allowed = list(range(target.num_chiplets))
+    tiles = make_problem(weights, target).tiles
+    memory = plan_memory(model_facts(graph, tiles), tiles, target, workload, chiplets=allowed, kv=opts.kv_cache,
+                         kv_dtype=opts.kv_dtype)
+    log(f"partitioning onto {target.name} ({target.num_chiplets} chiplets)")
+    placement = partition(weights, target, time_limit_s=time_limit_s, seed=opts.seed,
+                          reserve_bytes=memory.reserve_bytes)
+    report.data["placement"] = {k: v for k, v in placement.to_dict().items() if k != "solve_time_s"}
+    timings["partition_s"] = placement.solve_time_s
+    log(f"scheduling decode (batch {workload.batch}, context {workload.context}) and prefill "
+        f"(prompt {workload.prompt})")
+    started = time.perf_counter()
+    plan = schedule(graph, placement, weights, target, workload, memory, chiplets=allowed, prefetch=opts.prefetch,
+                    target_sha256=hashlib.sha256(target.to_toml().encode()).hexdigest())
+    timings["schedule_s"] = round(time.perf_counter() - started, 3)
+    report.data["plan"] = {"memory": plan.memory, "prediction": plan.prediction, "notes": plan.notes,
+                           "instructions": {phase: p.count() for phase, p in sorted(plan.programs.items())}}
+    return placement, plan
 
 
 def make_options(options: dict[str, Any]) -> CompileOptions:
@@ -192,13 +244,9 @@ def make_options(options: dict[str, Any]) -> CompileOptions:
 
 
 def _load_target(opts: CompileOptions) -> Any:
-    if opts.target is None:
-        if opts.cards is not None:
-            raise OptionError("cards (--cards) needs a target", hint="add target='corsair' (--target corsair)")
-        return None
-    from aviatorc.target import load_target
+    from aviatorc.target import DEFAULT_TARGET, load_target
 
-    return load_target(opts.target, cards=opts.cards)
+    return load_target(opts.target or DEFAULT_TARGET, cards=opts.cards)
 
 
 def check_calibration(graph: Graph, batches: Iterable[Mapping[str, Any]] | None) -> list[dict[str, np.ndarray]] | None:

@@ -12,11 +12,13 @@ from dataclasses import dataclass, field
 from aviatorc.errors import OptionError
 from aviatorc.formats import GROUP_SIZES
 
-QUANT_CHOICES = ("int8", "int4", "mxint8", "mxint4")
+QUANT_CHOICES = ("int8", "int4", "mxint8", "mxint4", "fp16", "bf16")
 SPARSITY_CHOICES = ("2:4",)
 CALIBRATION_METHODS = ("rtn", "gptq", "awq")
 SPARSITY_METHODS = ("magnitude", "wanda", "sparsegpt")
 ACTIVATION_METHODS = ("minmax", "percentile")
+KV_CACHE_CHOICES = ("auto", "sram", "lpddr")
+KV_DTYPE_CHOICES = ("fp16", "bf16", "int8")
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,14 @@ class CompileOptions:
     passes: tuple[str, ...] | None = None  # an explicit pipeline overrides the one built from options
     print_ir_after_change: bool = False
     seed: int = 0
+    # The workload the plan is scheduled for (decode: `batch` sequences with `context` tokens of
+    # KV cache; prefill: prompts of `prompt` tokens), and how.
+    batch: int = 1
+    context: int = 2048
+    prompt: int = 128
+    prefetch: bool = True  # overlap streamed weights' loads with compute (off: load just before use)
+    kv_cache: str = "auto"  # "auto", "sram" or "lpddr"
+    kv_dtype: str = "fp16"  # "fp16", "bf16" or "int8"
     extra: dict[str, object] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -55,5 +65,15 @@ class CompileOptions:
                               hint=f"choose one of {', '.join(SPARSITY_METHODS)}")
         if self.activations is not None and self.activations not in ACTIVATION_METHODS:
             raise OptionError(f"unknown activation calibration '{self.activations}'", hint="choose minmax or percentile")
+        for name in ("batch", "prompt"):
+            if getattr(self, name) < 1:
+                raise OptionError(f"{name} (--{name}) must be at least 1, got {getattr(self, name)}")
+        if self.context < 0:
+            raise OptionError(f"context (--context) must be 0 or more, got {self.context}")
+        if self.kv_cache not in KV_CACHE_CHOICES:
+            raise OptionError(f"unknown KV cache placement '{self.kv_cache}'",
+                              hint=f"choose one of {', '.join(KV_CACHE_CHOICES)}")
+        if self.kv_dtype not in KV_DTYPE_CHOICES:
+            raise OptionError(f"unknown KV cache type '{self.kv_dtype}'", hint=f"choose one of {', '.join(KV_DTYPE_CHOICES)}")
         if self.cards is not None and self.cards < 1:
             raise OptionError(f"cards (--cards) must be at least 1, got {self.cards}")

@@ -60,9 +60,14 @@ from aviatorc.quant.rtn import pack_weight
 FOUR_BIT = ("int4", "mxint4")
 
 
+SIXTEEN_BIT = ("fp16", "bf16")  # plain 16-bit storage: what a target without fp32 holds unquantized
+
+
 def weight_format(options: Any, sparsity: str = "") -> WeightFormat:
     """The format `options` ask for (int8 ignores group size and symmetry; mx is symmetric)."""
     kind = options.quant
+    if kind in SIXTEEN_BIT:
+        return WeightFormat(kind, 0, True, sparsity)
     if kind == "int8":
         return WeightFormat("int8", 0, True, sparsity)
     if kind.startswith("mx"):
@@ -133,7 +138,7 @@ class Quantize(Pass):
         weights, notes = find_linear_weights(graph)
         batches = check_batches(graph, ctx.calibration)
         method = quant_method(opts, bool(batches))
-        keep = [lw for lw in weights if opts.keep_fp16 and lw.matches(opts.keep_fp16)]
+        keep = [lw for lw in weights if opts.quant in SIXTEEN_BIT or opts.keep_fp16 and lw.matches(opts.keep_fp16)]
         quantize = [lw for lw in weights if lw not in keep]
 
         counts = {"weights_quantized": 0, "weights_kept_fp16": 0, "embeddings_fp16": 0, "activations_quantized": 0}
@@ -141,7 +146,7 @@ class Quantize(Pass):
         # GPTQ fits each weight to the unquantized graph's output (`corrected_target`): keep it.
         reference = graph.clone() if method == "gptq" and any(lw.has_data for lw in quantize) else None
         for lw in keep:
-            fmt = WeightFormat("fp16", 0, True, lw.fmt.sparsity)
+            fmt = WeightFormat(opts.quant if opts.quant in SIXTEEN_BIT else "fp16", 0, True, lw.fmt.sparsity)
             bytes_before += lw.fmt.storage_bytes(lw.k, lw.n)
             packed = pack_weight(lw.dense(), fmt, mask=lw.mask()) if lw.has_data else None
             add_packed_weight(graph, lw, fmt, packed)
