@@ -12,6 +12,7 @@ See docs/partition.md.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from aviatorc.partition.bound import lower_bound
@@ -20,7 +21,14 @@ from aviatorc.partition.cpsat import solve_layer
 from aviatorc.partition.decompose import place_layers
 from aviatorc.partition.feasibility import explain_infeasible
 from aviatorc.partition.placement import LayerSolve, Placement
-from aviatorc.partition.problem import Problem, build_problem, layer_costs
+from aviatorc.partition.problem import (
+    Problem,
+    build_problem,
+    capacities,
+    compute_chiplets,
+    layer_costs,
+    resolve_chiplets,
+)
 from aviatorc.partition.tiling import Tile, WeightSpec, tile_weights
 from aviatorc.target import Target
 
@@ -66,32 +74,46 @@ def solve_budget(time_limit_s: float) -> SolveBudget:
 
 
 def make_problem(weights: list[WeightSpec], target: Target, *, batch_tokens: int = 1,
-                 tiles_per_weight: int | None = None) -> Problem:
+                 tiles_per_weight: int | None = None, reserve_bytes: Sequence[int] | None = None,
+                 chiplets: Iterable[int] | None = None) -> Problem:
     """Tile `weights` for `target` and cost the tiles.
 
-    Each weight is cut into `tiles_per_weight` strips (default: one per chiplet, so a layer can
-    spread over the whole machine), more where a strip would exceed half a chiplet's SRAM.
+    Each weight is cut into `tiles_per_weight` strips (default: one per allowed chiplet, so a
+    layer can spread over all of them), more where a strip would exceed half of the largest
+    usable chiplet SRAM.
     """
-    parts = tiles_per_weight or target.num_chiplets
+    allowed = resolve_chiplets(target, chiplets)
+    capacity, _ = capacities(target, reserve_bytes, allowed)
+    parts = tiles_per_weight or len(allowed)
     tiles = tile_weights(weights, target.matrix_unit_k, target.matrix_unit_n, parts,
-                         max_tile_bytes=max(1, target.usable_sram_bytes_per_chiplet // 2))
-    vocab_rows = {w.name: w.k for w in weights if w.is_embedding}
-    return build_problem(tiles, target, batch_tokens=batch_tokens, vocab_rows=vocab_rows)
+                         max_tile_bytes=max(1, max(capacity) // 2))
+    # Rows a lookup chooses among: an embedding's k; a tied head's n (its columns are the table's rows).
+    vocab_rows = {w.name: w.k if w.is_embedding else w.n for w in weights if w.is_embedding or w.is_tied_head}
+    return build_problem(tiles, target, batch_tokens=batch_tokens, vocab_rows=vocab_rows, reserve_bytes=reserve_bytes,
+                         chiplets=allowed)
 
 
 def partition(weights: list[WeightSpec], target: Target, *, time_limit_s: float = 30.0, seed: int = 0,
               batch_tokens: int = 1, streaming: bool = True, tiles_per_weight: int | None = None,
-              check: bool = True, deterministic: bool = True) -> Placement:
+              check: bool = True, deterministic: bool = True, reserve_bytes: Sequence[int] | None = None,
+              chiplets: Iterable[int] | None = None) -> Placement:
     """Place every weight tile on `target`: resident on a chiplet or (with `streaming`) streamed.
 
     `time_limit_s` buys a fixed number of CP-SAT solves with a deterministic time each
     (`solve_budget`), so the same input and options give the same placement on a loaded machine
     as on an idle one. Wall-clock limits are safety nets only; when one fires, the placement's
     `warnings` say so. `deterministic=False` trades reproducibility for CP-SAT's racing portfolio.
+
+    `reserve_bytes`: per chiplet, the SRAM held back from weights (activations, KV cache,
+    staging buffers); None keeps the target's `activation_reserve_fraction`. `chiplets`: the
+    chiplets the placement may use (resident tiles and compute chiplets), e.g. `range(0, 8)`,
+    so that models can share a server in isolation; None allows all.
     """
     started = time.monotonic()
-    explain_infeasible(weights, target, streaming=streaming)
-    problem = make_problem(weights, target, batch_tokens=batch_tokens, tiles_per_weight=tiles_per_weight)
+    allowed = resolve_chiplets(target, chiplets)
+    explain_infeasible(weights, target, streaming=streaming, reserve_bytes=reserve_bytes, chiplets=allowed)
+    problem = make_problem(weights, target, batch_tokens=batch_tokens, tiles_per_weight=tiles_per_weight,
+                           reserve_bytes=reserve_bytes, chiplets=allowed)
     budget = solve_budget(time_limit_s)
     warnings: list[str] = []
 
@@ -109,7 +131,7 @@ def partition(weights: list[WeightSpec], target: Target, *, time_limit_s: float 
                             "so this result depends on timing")
         return result.where, result.status
 
-    greedy = place_layers(problem, None)
+    greedy = min(place_layers(problem, None), place_layers(problem, None, anchored=False), key=lambda d: d.cost_ps)
     solved = place_layers(problem, solver, max_solves=budget.max_solves, wall_limit_s=budget.wall_limit_s)
     warnings += solved.warnings
     best = solved if solved.cost_ps < greedy.cost_ps else greedy
@@ -126,32 +148,34 @@ def partition(weights: list[WeightSpec], target: Target, *, time_limit_s: float 
                           time.monotonic() - started)
     placement = replace(placement, warnings=tuple(warnings))
     if check:
-        check_placement(placement, weights, target, batch_tokens=batch_tokens)
+        check_placement(placement, weights, target, batch_tokens=batch_tokens, reserve_bytes=reserve_bytes,
+                        chiplets=allowed)
     return placement
 
 
 def _neighbourhood(problem: Problem, tiles: list[int], hint: list[int]) -> list[int]:
-    """The chiplets CP-SAT may use for a layer: every chiplet on the cards the greedy layer uses
-    (all of them when it streams everything). Moving a layer to other cards is the greedy's job."""
+    """The chiplets CP-SAT may use for a layer: every allowed chiplet on the cards the greedy layer
+    uses (all of them when it streams everything). Moving a layer to other cards is the greedy's job."""
     target = problem.target
     cards = {target.card_of(hint[t]) for t in tiles if hint[t] < problem.num_chiplets}
     if not cards:
-        return list(range(problem.num_chiplets))
-    return [c for c in range(problem.num_chiplets) if target.card_of(c) in cards]
+        return list(problem.chiplets)
+    return [c for c in problem.chiplets if target.card_of(c) in cards]
 
 
 def _assemble(problem: Problem, where: list[int], cost: int, greedy_cost: int, status: str,
               solves: list[LayerSolve], seed: int, elapsed: float) -> Placement:
     target = problem.target
     num_c = problem.num_chiplets
+    compute = compute_chiplets(problem, where)
     held = [0] * num_c
     resident = streamed = streamed_read = 0
-    holders: dict[int, set[int]] = {}
+    holders: dict[int, set[int]] = {}  # group -> chiplets computing it (the activation goes there)
     for t, w in enumerate(where):
+        holders.setdefault(problem.group_of[t], set()).add(compute[t])
         if w < num_c:
             held[w] += problem.tile_bytes[t]
             resident += problem.tile_bytes[t]
-            holders.setdefault(problem.group_of[t], set()).add(w)
         else:
             streamed += problem.tile_bytes[t]
             streamed_read += problem.read_bytes[t]
@@ -164,11 +188,12 @@ def _assemble(problem: Problem, where: list[int], cost: int, greedy_cost: int, s
     bound = lower_bound(problem)
     placement = Placement(
         target_name=target.name, num_chiplets=num_c, num_cards=problem.num_cards, tiles=problem.tiles,
-        where=tuple(where), status=status, objective_ps=cost, greedy_objective_ps=greedy_cost,
+        where=tuple(where), compute_chiplet=tuple(compute), status=status, objective_ps=cost, greedy_objective_ps=greedy_cost,
         bound_ps=bound.value_ps, solve_time_s=elapsed, chiplet_bytes=tuple(held),
-        chiplet_capacity_bytes=problem.capacity_bytes, chiplet_sram_bytes=target.chiplet.sram_bytes,
+        chiplet_capacity_bytes=problem.capacity_bytes, reserve_bytes=problem.reserve_bytes,
+        chiplets=problem.chiplets, chiplet_sram_bytes=target.chiplet.sram_bytes,
         resident_bytes=resident, streamed_bytes=streamed, streamed_read_bytes_per_step=streamed_read,
-        min_streamed_read_bytes=bound.min_streamed_bytes, layer_costs=tuple(layer_costs(problem, where)),
-        cut_bytes_by_level=tuple(zip((link.name for link in target.links), cut, strict=False)), solves=tuple(solves),
+        min_streamed_read_bytes=bound.min_streamed_bytes, layer_costs=tuple(layer_costs(problem, where, compute=compute)),
+        cut_bytes_by_level=tuple(zip((link.name for link in target.links), cut, strict=True)), solves=tuple(solves),
         seed=seed, batch_tokens=problem.batch_tokens)
     return replace(placement, solve_time_s=round(elapsed, 3))

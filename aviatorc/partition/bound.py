@@ -1,23 +1,24 @@
 """A lower bound on the placement cost, computed for this problem (CP-SAT's own is 0 or a plain
-average here). Two relaxations, both valid for every placement; the bound is the larger:
+average here). Every tile computes on some chiplet, resident or streamed (`problem.py`), so
+the cost splits into two parts bounded apart and added:
 
-1. Capacity knapsack. Per layer max_h stream >= streamed time / H. A group whose resident tiles
-   (work w) sit on k chiplets costs at least w/k + tree(k) (busiest chiplet plus the cheapest
-   tree over k), so at least phi_g(w) = min_k (w/k + tree(k)): a minimum of lines through the
-   origin's neighbourhood, concave with phi_g(0) = 0, hence phi_g(w) >= (w / W_g) phi_g(W_g) for
-   w <= W_g (above its chord). Each resident tile t of group g so costs at least
-   work_t * phi_g(W_g) / W_g (>= work_t / C), linear per tile; minimizing that plus streamed
-   time / H subject to the total usable SRAM is a fractional knapsack: the streaming regime's
-   bound, which also charges the resident layers their activation trees.
+1. Compute, broadcast and collection, per group, capacities dropped. A group computed on k
+   chiplets costs at least
+       max(work_g / k, largest tile, t_k + t_(k+1)) + tree(k) + gather(k)
+   where t_i is its i-th largest tile (with more tiles than chiplets two of the k + 1 largest
+   share one), tree(k) the cheapest broadcast tree over k chiplets (packed into the fewest
+   packages and cards; valid on any subset of chiplets, since outer links are never cheaper)
+   and gather(k) the latencies of the same tree's transfers (collecting the outputs takes one
+   transfer per tree edge; its bytes are left out). The bound takes the minimum over k, up to
+   the group's tile count and the allowed chiplets. Hand-offs between groups cost >= 0.
 
-2. Structure per group, capacities dropped. When streaming any tile costs at least its work
-   (stream/H >= work, true unless LPDDR is faster than a chiplet's SRAM), a relaxed optimum
-   streams nothing (a streamed tile moved onto a chiplet its group already uses adds at most
-   its work and removes at least as much stream time), so each group costs at least
-       min over k of  max(work_g / k, largest tile, t_k + t_(k+1)) + tree(k)
-   where k is the number of chiplets holding the group, t_i its i-th largest tile (with more
-   tiles than chiplets two of the k + 1 largest share one), and tree(k) the cheapest tree over
-   k chiplets: packed into the fewest packages and cards.
+2. Streaming, per layer max_h stream(h) >= (streamed time) / H over the H cards that may
+   stream. Which tiles stream is bounded by a fractional knapsack: keep resident the tiles
+   that save the most stream time per stored byte until the usable SRAM (after the reserve,
+   on the allowed chiplets) is full; the rest stream. That is the streaming regime's bound.
+
+The minimum bytes any placement must stream is a separate knapsack (most read per stored byte
+kept resident).
 """
 
 from __future__ import annotations
@@ -30,50 +31,40 @@ from aviatorc.partition.problem import Problem
 
 @dataclass(frozen=True)
 class Bound:
-    knapsack_ps: float
-    structure_ps: float  # 0 when the relaxation's premise does not hold
+    compute_ps: float  # part 1: compute, broadcast and collection latency, per group
+    stream_ps: float  # part 2: the streaming knapsack
     min_streamed_bytes: int  # bytes a placement must stream per step, at least
 
     @property
     def value_ps(self) -> float:
-        return max(self.knapsack_ps, self.structure_ps)
+        # Rounded down with a relative margin so float error never lifts the bound above an
+        # integer objective.
+        return math.floor((self.compute_ps + self.stream_ps) * (1 - 1e-12))
 
 
 def lower_bound(problem: Problem) -> Bound:
-    knapsack, streamed = _knapsack(problem)
-    return Bound(knapsack, _structure(problem), streamed)
+    return Bound(_structure(problem), _stream_knapsack(problem), _min_streamed_bytes(problem))
 
 
-def _knapsack(problem: Problem) -> tuple[float, int]:
-    num_c, num_h = problem.num_chiplets, problem.num_cards
-    capacity = float(problem.capacity_bytes * num_c)
-    base = 0.0  # everything streamed
-    items = []
-    rate = _resident_rate(problem)
-    for t in range(len(problem.tiles)):
-        stream_cost = problem.stream_ps[t] / num_h
-        base += stream_cost
-        gain = stream_cost - problem.work_ps[t] * rate[problem.group_of[t]]  # saved by keeping it resident
-        if gain > 0:
-            items.append((gain / problem.tile_bytes[t], problem.tile_bytes[t], gain))
-    items.sort(reverse=True)
-    cost = base
-    for _density, nbytes, gain in items:
-        share = min(1.0, capacity / nbytes) if nbytes else 1.0
-        if share <= 0:
+def _stream_knapsack(problem: Problem) -> float:
+    capacity = float(sum(problem.capacity_bytes))
+    num_h = len(problem.stream_cards)
+    cost = sum(problem.stream_ps) / num_h  # everything streamed
+    items = sorted(((problem.stream_ps[t] / num_h / problem.tile_bytes[t], t) for t in range(len(problem.tiles))),
+                   reverse=True)
+    for _density, t in items:
+        if capacity <= 0:
             break
-        cost -= gain * share
-        capacity -= nbytes * share
-    # Not-worth-keeping tiles (gain <= 0) are streamed here; the bound stays valid for placements
-    # that keep them, since each such tile costs at least as much resident. Rounded down with a
-    # relative margin so float error never lifts the bound above an integer objective.
-    return math.floor(cost * (1 - 1e-12)), _min_streamed_bytes(problem)
+        share = min(1.0, capacity / problem.tile_bytes[t])
+        cost -= problem.stream_ps[t] / num_h * share
+        capacity -= problem.tile_bytes[t] * share
+    return max(0.0, cost)
 
 
 def _min_streamed_bytes(problem: Problem) -> int:
     """Read bytes per step no placement avoids: keep the most read per stored byte resident,
     fractionally, until the usable SRAM is full; the rest is read from LPDDR."""
-    capacity = float(problem.capacity_bytes * problem.num_chiplets)
+    capacity = float(sum(problem.capacity_bytes))
     streamed = float(sum(problem.read_bytes))
     order = sorted(range(len(problem.tiles)), key=lambda t: -problem.read_bytes[t] / max(1, problem.tile_bytes[t]))
     for t in order:
@@ -85,34 +76,31 @@ def _min_streamed_bytes(problem: Problem) -> int:
     return max(0, math.ceil(streamed - 1e-6))
 
 
-def _resident_rate(problem: Problem) -> dict[int, float]:
-    """Per group g, phi_g(W_g) / W_g: the least cost per unit of resident work (see the docstring)."""
-    work: dict[int, int] = {}
-    count: dict[int, int] = {}
-    for t, g in enumerate(problem.group_of):
-        work[g] = work.get(g, 0) + problem.work_ps[t]
-        count[g] = count.get(g, 0) + 1
-    rate = {}
-    for g, whole in work.items():
-        edge = problem.edge_ps[g]
-        phi = min(whole / k + tree_min_ps(k, problem, edge) for k in range(1, min(problem.num_chiplets, count[g]) + 1))
-        rate[g] = phi / whole
-    return rate
+def _packed(k: int, problem: Problem) -> tuple[int, int, int]:
+    """(die-to-die, package-to-package, card-to-card) edges of a tree over k packed chiplets."""
+    target = problem.target
+    packages = math.ceil(k / target.chiplets_per_package)
+    cards = math.ceil(k / target.chiplets_per_card)
+    return k - packages, packages - cards, cards - 1
 
 
 def tree_min_ps(k: int, problem: Problem, edge: tuple[int, int, int]) -> int:
-    target = problem.target
     if k <= 1:
         return 0
-    packages = math.ceil(k / target.chiplets_per_package)
-    cards = math.ceil(k / target.chiplets_per_card)
-    return (k - packages) * edge[0] + (packages - cards) * edge[1] + (cards - 1) * edge[2]
+    d2d, p2p, c2c = _packed(k, problem)
+    return d2d * edge[0] + p2p * edge[1] + c2c * edge[2]
+
+
+def _gather_min_ps(k: int, problem: Problem) -> int:
+    if k <= 1:
+        return 0
+    # round() as the cost model rounds each transfer: rounding is monotone, so this is <= it.
+    latency = [round(link.latency_s * 1e12) for link in problem.target.links]
+    d2d, p2p, c2c = _packed(k, problem)
+    return d2d * latency[0] + p2p * latency[1] + c2c * latency[2]
 
 
 def _structure(problem: Problem) -> float:
-    num_h = problem.num_cards
-    if any(problem.stream_ps[t] / num_h < problem.work_ps[t] for t in range(len(problem.tiles))):
-        return 0.0
     by_layer: dict[int, list[int]] = {}
     for t, tile in enumerate(problem.tiles):
         by_layer.setdefault(tile.layer, []).append(t)
@@ -120,8 +108,9 @@ def _structure(problem: Problem) -> float:
 
 
 def layer_structure_bound(problem: Problem, tiles: list[int]) -> float:
-    """Sum over the layer's groups of min over k chiplets of max(work/k, largest tile, pigeonhole) + tree(k)."""
-    num_c = problem.num_chiplets
+    """Sum over the layer's groups of min over k chiplets of max(work/k, largest tile, pigeonhole)
+    + tree(k) + gather latency(k)."""
+    num_c = len(problem.chiplets)
     by_group: dict[int, list[int]] = {}
     for t in tiles:
         by_group.setdefault(problem.group_of[t], []).append(problem.work_ps[t])
@@ -134,6 +123,6 @@ def layer_structure_bound(problem: Problem, tiles: list[int]) -> float:
             load = max(whole / k, works[0])
             if len(works) > k:  # two of the k + 1 largest share a chiplet
                 load = max(load, works[k - 1] + works[k])
-            best = min(best, load + tree_min_ps(k, problem, problem.edge_ps[g]))
+            best = min(best, load + tree_min_ps(k, problem, problem.edge_ps[g]) + _gather_min_ps(k, problem))
         total += best
     return total

@@ -1,9 +1,13 @@
 """CP-SAT placement of one layer's tiles, given the SRAM still free on each chiplet.
 
 In the OR-tools sample order: data, variables, constraints, objective, hint, solve, extract.
-The objective is `problem.py`'s cost restricted to this layer, so the solver's objective
-value and `total_cost` agree exactly. The greedy assignment is given as a complete hint;
-when CP-SAT returns no solution in its time, the caller keeps the greedy one.
+The objective is `problem.py`'s cost restricted to this layer for its resident tiles (busiest
+chiplet per group, busiest card's stream, broadcast trees). It leaves out what the streamed
+tiles compute on their compute chiplets and the output collection (both need the compute
+chiplets, a choice made after the assignment; the collection's transfers are approximated on
+the broadcast tree's edges, a mean tile's output slice each): the caller re-costs every solution with
+`total_cost` and keeps it only when it beats the greedy layer. The greedy assignment is given
+as a complete hint; when CP-SAT returns no solution in its time, the caller keeps the greedy one.
 
 Determinism: a fixed seed, a deterministic time limit (work units, not wall seconds) and
 interleaved search (CP-SAT's deterministic parallel mode, independent of timing); the wall
@@ -43,13 +47,14 @@ def solve_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[int
     num_c, num_h = problem.num_chiplets, problem.num_cards
     tiles = sorted(tiles)
     groups = sorted({problem.group_of[t] for t in tiles})
-    chiplets = sorted(set(range(num_c) if chiplets is None else chiplets))
+    chiplets = sorted(set(problem.chiplets if chiplets is None else chiplets) & set(problem.chiplets))
+    cards = list(problem.stream_cards)  # only cards with an allowed chiplet stream
 
     model = cp_model.CpModel()
     # -- variables -----------------------------------------------------------------------------
     x = {(t, c): model.new_bool_var(f"x{t}_{c}") for t in tiles for c in chiplets
          if problem.tile_bytes[t] <= free_bytes[c]}
-    s = {(t, h): model.new_bool_var(f"s{t}_{h}") for t in tiles for h in range(num_h)}
+    s = {(t, h): model.new_bool_var(f"s{t}_{h}") for t in tiles for h in cards}
     u = {(g, c): model.new_bool_var(f"u{g}_{c}") for g in groups for c in chiplets}  # g's activation goes to c
     p = {(g, k): model.new_bool_var(f"p{g}_{k}") for g in groups for k in range(target.num_packages)}
     q = {(g, h): model.new_bool_var(f"q{g}_{h}") for g in groups for h in range(num_h)}
@@ -60,7 +65,7 @@ def solve_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[int
 
     # -- constraints ---------------------------------------------------------------------------
     for t in tiles:  # each tile resident on exactly one chiplet or streamed from exactly one card
-        model.add_exactly_one([x[t, c] for c in chiplets if (t, c) in x] + [s[t, h] for h in range(num_h)])
+        model.add_exactly_one([x[t, c] for c in chiplets if (t, c) in x] + [s[t, h] for h in cards])
     for c in chiplets:
         on_c = [t for t in tiles if (t, c) in x]
         if sum(problem.tile_bytes[t] for t in on_c) > free_bytes[c]:
@@ -69,7 +74,7 @@ def solve_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[int
             of_g = [t for t in on_c if problem.group_of[t] == g]
             if of_g:
                 model.add(sum(problem.work_ps[t] * x[t, c] for t in of_g) <= max_load[g])
-    for h in range(num_h):
+    for h in cards:
         model.add(sum(problem.stream_ps[t] * s[t, h] for t in tiles) <= max_stream)
     # A group's activation reaches every chiplet, package and card holding one of its tiles.
     for (t, c), var in x.items():
@@ -86,8 +91,13 @@ def solve_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[int
     # "- 1" applies only to a group with a resident tile (y). Coefficients are >= 0 because outer
     # link levels are never cheaper (the target loader checks it).
     terms: list[cp_model.LinearExprT] = [*max_load.values(), max_stream]
+    # Collecting the outputs uses one transfer per edge of the same tree; each is charged here
+    # with a mean tile's output slice (the exact bytes depend on the split, see problem.py).
+    count = {g: sum(1 for t in tiles if problem.group_of[t] == g) for g in groups}
     for g in groups:
-        e0, e1, e2 = problem.edge_ps[g]
+        slice_bytes = problem.group_out_bytes[g] // max(1, count[g])
+        collect = [round(link.transfer_s(slice_bytes) * 1e12) for link in target.links]
+        e0, e1, e2 = (edge + extra for edge, extra in zip(problem.edge_ps[g], collect, strict=True))
         terms.append(e0 * sum(u[g, c] for c in chiplets))
         terms.append((e1 - e0) * sum(p[g, k] for k in range(target.num_packages)))
         terms.append((e2 - e1) * sum(q[g, h] for h in range(num_h)))
@@ -124,7 +134,7 @@ def solve_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[int
     where = [-1] * len(problem.tiles)
     for t in tiles:
         chosen = [c for c in chiplets if (t, c) in x and solver.value(x[t, c])]
-        where[t] = chosen[0] if chosen else num_c + next(h for h in range(num_h) if solver.value(s[t, h]))
+        where[t] = chosen[0] if chosen else num_c + next(h for h in cards if solver.value(s[t, h]))
     return SolveResult(where, status, round(solver.objective_value), solver.best_objective_bound, solver.wall_time,
                        wall_limited)
 
@@ -140,7 +150,7 @@ def _hint(model, problem, tiles, groups, chiplets, hint, x, s, u, p, q, y, max_l
         for c in chiplets:
             if (t, c) in x:
                 model.add_hint(x[t, c], w == c)
-        for h in range(problem.num_cards):
+        for h in problem.stream_cards:
             model.add_hint(s[t, h], w == num_c + h)
         if w < num_c:
             used[problem.group_of[t]].add(w)

@@ -1,9 +1,11 @@
 """Requests that cannot be placed, explained before any solving, with the numbers and the fixes.
 
 - a weight format the target does not support;
-- without streaming: the weights' bytes against the usable SRAM of all chiplets;
-- with streaming: the weights' bytes against the LPDDR of all cards;
-- a tile that cannot be split further (one matrix-unit strip) larger than a chiplet's SRAM.
+- without streaming: the weights' bytes against the usable SRAM of the chiplets it may use
+  (after the per-chiplet reserve for activations and the KV cache);
+- with streaming: the weights' bytes against that SRAM plus the LPDDR of the cards it may use;
+- a tile that cannot be split further (one matrix-unit strip) larger than a chiplet's usable SRAM.
+A tied embedding's bytes are counted once (its alias spec stores none).
 The fixes offered are the ones that would work: a smaller format (with its size), streaming,
 or the number of cards (`--cards N`) that would hold the weights.
 """
@@ -11,9 +13,11 @@ or the number of cards (`--cards N`) that would hold the weights.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 
 from aviatorc.errors import InfeasibleError
 from aviatorc.formats import WeightFormat
+from aviatorc.partition.problem import capacities, resolve_chiplets
 from aviatorc.partition.tiling import WeightSpec, tile_weight
 from aviatorc.target import Target
 
@@ -25,9 +29,12 @@ def human_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
-def explain_infeasible(weights: list[WeightSpec], target: Target, *, streaming: bool = True) -> None:
+def explain_infeasible(weights: list[WeightSpec], target: Target, *, streaming: bool = True,
+                       reserve_bytes: Sequence[int] | None = None, chiplets: Iterable[int] | None = None) -> None:
     """Raise `InfeasibleError` naming what does not fit, by how much, and what would fix it."""
     where = target.source
+    allowed = resolve_chiplets(target, chiplets)
+    capacity, _ = capacities(target, reserve_bytes, allowed)
     unsupported = sorted({w.format.kind for w in weights} - set(target.weight_formats))
     if unsupported:
         first = next(w for w in weights if w.format.kind in unsupported)
@@ -35,14 +42,18 @@ def explain_infeasible(weights: list[WeightSpec], target: Target, *, streaming: 
             f"target '{target.name}' does not support weight format(s) {', '.join(unsupported)} "
             f"(first: '{first.name}')", file=where, needed=unsupported,
             hint=f"quantize to one of {', '.join(target.weight_formats)}")
+    weights = [w for w in weights if not w.is_alias]
     if not weights:
         return
     needed = sum(w.storage_bytes for w in weights)
-    usable = target.usable_sram_bytes_total
+    usable = sum(capacity)
     per_card = target.usable_sram_bytes_per_chiplet * target.chiplets_per_card
+    subset = len(allowed) < target.num_chiplets
+    reserve = ("the activation/KV reserve" if reserve_bytes is not None
+               else f"a {target.activation_reserve_fraction:.0%} activation/KV reserve")
 
     # The smallest tile a weight can have is one matrix-unit strip; it must fit one chiplet.
-    cap = target.usable_sram_bytes_per_chiplet
+    cap = max(capacity)
     largest = max(weights, key=lambda w: _min_tile_bytes(w, target))
     smallest_tile = _min_tile_bytes(largest, target)
     if smallest_tile > cap:
@@ -53,18 +64,22 @@ def explain_infeasible(weights: list[WeightSpec], target: Target, *, streaming: 
             hint="use a smaller format (int4) or a target with more SRAM per chiplet")
 
     fixes = _fixes(weights, target, needed, per_card)
+    if subset:
+        fixes.append("allow more chiplets (--chiplets)")
     if not streaming and needed > usable:
         raise InfeasibleError(
-            f"weights need {human_bytes(needed)} but {target.num_chiplets} chiplets x "
-            f"{human_bytes(target.usable_sram_bytes_per_chiplet)} usable SRAM = {human_bytes(usable)} "
-            f"(after a {target.activation_reserve_fraction:.0%} activation/KV reserve)",
+            f"weights need {human_bytes(needed)} but {len(allowed)} chiplets have "
+            f"{human_bytes(usable)} usable SRAM (after {reserve})",
             file=where, needed_bytes=needed, available_bytes=usable,
             hint="; ".join(["enable streaming from LPDDR"] + fixes))
-    lpddr = target.lpddr_bytes_total
+    # Only the cards holding an allowed chiplet stream (their LPDDR is shared with any other
+    # tenant of the same card; that split is the caller's).
+    stream_cards = len({target.card_of(c) for c in allowed})
+    lpddr = target.lpddr_bytes_per_card * stream_cards
     if streaming and needed > usable + lpddr:
         cards = math.ceil(needed / (per_card + target.lpddr_bytes_per_card))
         raise InfeasibleError(
-            f"weights need {human_bytes(needed)} but SRAM and LPDDR of {target.cards} card(s) hold "
+            f"weights need {human_bytes(needed)} but SRAM and LPDDR of {stream_cards} card(s) hold "
             f"{human_bytes(usable + lpddr)}", file=where, needed_bytes=needed, available_bytes=usable + lpddr,
             hint="; ".join([f for f in fixes if "streaming" not in f] + [f"use {cards} cards (--cards {cards})"]))
 

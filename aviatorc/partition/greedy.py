@@ -3,8 +3,9 @@
 For each spread the hierarchy offers (one chiplet, one package, one card, 2, 4, ... cards),
 take the aligned block of chiplets with the most free SRAM and place the layer's tiles in
 decreasing work order on the least-loaded chiplet of the block that still has room; a tile
-that fits nowhere is streamed from the card streaming least so far. Keep the spread with the
-lowest cost, streaming everything included. Narrow spreads save activation transfers, wide ones balance compute and hold
+that fits nowhere is streamed from the card streaming least so far (a card of the block on a
+tie, so its compute chiplet is near the others). Keep the spread with the lowest cost,
+streaming everything included. Narrow spreads save activation transfers, wide ones balance compute and hold
 more: which wins depends on the layer and the target, so all are tried.
 
 The same is also done group by group (largest work first, each group on its own best spread
@@ -17,13 +18,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from aviatorc.partition.problem import Problem, total_cost, tree_ps
+from aviatorc.partition.problem import Problem, compute_chiplets, group_cost_ps, handoff_ps, total_cost
 
 
 def spreads(problem: Problem) -> list[int]:
     """Block sizes aligned to the hierarchy, smallest first."""
     target = problem.target
     sizes = [1, target.chiplets_per_package, target.chiplets_per_card]
+    # Parts of a package too: collecting a group's outputs costs a transfer per extra chiplet,
+    # so small groups can prefer 2 chiplets to a whole package (8B INT4 q/k/v on corsair).
+    part = 2
+    while part < target.chiplets_per_package:
+        sizes.append(part)
+        part *= 2
     cards = 2
     while cards < target.cards:
         sizes.append(cards * target.chiplets_per_card)
@@ -33,72 +40,148 @@ def spreads(problem: Problem) -> list[int]:
     return sorted({s for s in sizes if s <= target.num_chiplets and target.num_chiplets % s == 0})
 
 
-def greedy_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[int]) -> list[int]:
-    """A complete assignment of `tiles` (entries for other tiles are -1) within `free_bytes`."""
+def greedy_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[int],
+                 placed: Sequence[int] | None = None) -> list[int]:
+    """A complete assignment of `tiles` (entries for other tiles are -1) within `free_bytes`.
+
+    `placed`: the assignment of the layers placed before (-1 elsewhere). The groups next to this
+    layer's (the previous layer's last, the next layer's first) are anchors: hand-offs to them
+    count, and blocks beside them are candidates, so consecutive layers stay together."""
+    anchors = _anchors(problem, tiles, placed)
     best: list[int] | None = None
     best_cost = 0
     # An empty block streams everything: better than scattering tiles over SRAM fragments
     # when their transfers and compute would cost more than the streaming they save.
-    for size in [0, *spreads(problem)]:
-        block = _best_block(free_bytes, size) if size else range(0)
-        where = _place_in_block(problem, tiles, free_bytes, block)
-        cost = total_cost(problem, where, tiles)
+    # Streaming everything from one card keeps the compute chiplets together (an embedding,
+    # whose lookups cost next to nothing, should not pay transfers between cards).
+    options: list[tuple[range, Sequence[int] | None]] = [(range(0), None), (range(0), problem.stream_cards[:1])]
+    for size in spreads(problem):
+        options.append((_best_block(free_bytes, size), None))
+        for root in sorted(set(anchors.values())):
+            home = (range(root - root % size, root - root % size + size), None)
+            if home not in options:
+                options.append(home)
+    for block, cards in options:
+        where = _place_in_block(problem, tiles, free_bytes, block, cards)
+        cost = total_cost(problem, where, tiles) + _boundary_ps(problem, where, tiles, anchors)
         if best is None or cost < best_cost:
             best, best_cost = where, cost
     assert best is not None
-    by_group = _place_by_group(problem, tiles, free_bytes)
-    if total_cost(problem, by_group, tiles) < best_cost:
+    by_group = _place_by_group(problem, tiles, free_bytes, anchors)
+    if total_cost(problem, by_group, tiles) + _boundary_ps(problem, by_group, tiles, anchors) < best_cost:
         return by_group
     return best
 
 
-def _place_by_group(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[int]) -> list[int]:
-    """Each group on its own cheapest spread, largest group first."""
+def _root(problem: Problem, where: Sequence[int], members: Sequence[int]) -> int:
+    """The lowest chiplet computing one of `members` (-1 when none is placed)."""
+    chips = [c for c in compute_chiplets(problem, where, members) if c >= 0]
+    return min(chips) if chips else -1
+
+
+def _anchors(problem: Problem, tiles: Sequence[int], placed: Sequence[int] | None) -> dict[int, int]:
+    """Placed groups just before and after the groups of `tiles` -> their roots."""
+    if placed is None:
+        return {}
+    mine = {problem.group_of[t] for t in tiles}
+    before = {after: g for g, after in enumerate(problem.next_group) if after >= 0}
+    outside = {nb for g in mine for nb in (before.get(g, -1), problem.next_group[g]) if nb >= 0 and nb not in mine}
+    anchors = {}
+    for nb in sorted(outside):
+        members = [t for t in range(len(problem.tiles)) if problem.group_of[t] == nb and placed[t] >= 0]
+        if members:
+            anchors[nb] = _root(problem, placed, members)
+    return anchors
+
+
+def _boundary_ps(problem: Problem, where: Sequence[int], tiles: Sequence[int], anchors: dict[int, int]) -> int:
+    """Hand-offs between the groups of `tiles` and their anchors."""
+    if not anchors:
+        return 0
     members: dict[int, list[int]] = {}
     for t in tiles:
         members.setdefault(problem.group_of[t], []).append(t)
-    order = sorted(members, key=lambda g: (-sum(problem.work_ps[t] for t in members[g]), g))
+    cost = 0
+    for g, group_tiles in members.items():
+        root = _root(problem, where, group_tiles)
+        after = problem.next_group[g]
+        if after in anchors:
+            cost += handoff_ps(root, anchors[after], problem.group_out_bytes[g], problem.target)
+        for nb, root_nb in anchors.items():
+            if problem.next_group[nb] == g:
+                cost += handoff_ps(root_nb, root, problem.group_out_bytes[nb], problem.target)
+    return cost
+
+
+def _place_by_group(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[int],
+                    anchors: dict[int, int] | None = None) -> list[int]:
+    """Each group on its own cheapest spread, largest group first. A group's candidates at each
+    spread are the block with the most free SRAM and the blocks holding the roots of the groups
+    placed so far; hand-offs to its placed neighbours (the groups before and after it) are part
+    of its cost."""
+    members: dict[int, list[int]] = {}
+    for t in tiles:
+        members.setdefault(problem.group_of[t], []).append(t)
+    before = {after: g for g, after in enumerate(problem.next_group) if after >= 0}
+    order = sorted(members)  # in execution order: each group next to the one before it
     where = [-1] * len(problem.tiles)
     free = list(free_bytes)
     stream = [0] * problem.num_cards
     sizes = [0, *spreads(problem)]
+    roots: dict[int, int] = dict(anchors or {})  # placed group -> its root (lowest computing chiplet)
     for g in order:
-        best: tuple[int, list[int], list[int], list[int]] | None = None
+        neighbours = [(nb, nb == before.get(g)) for nb in (before.get(g), problem.next_group[g]) if nb in roots]
+        best: tuple[tuple[int, int], list[int], list[int], list[int]] | None = None
         for size in sizes:
-            block = _best_block(free, size) if size else range(0)
-            trial_where, trial_free, trial_stream = list(where), list(free), list(stream)
-            _fill(problem, members[g], trial_where, trial_free, trial_stream, block)
-            cost = _group_cost(problem, members[g], trial_where, g) + max(trial_stream)
-            if best is None or cost < best[0]:
-                best = (cost, trial_where, trial_free, trial_stream)
+            blocks: list[tuple[range, Sequence[int] | None]] = [(_best_block(free, size), None)] if size else [
+                (range(0), None)] + [(range(0), [h]) for h in sorted({problem.stream_cards[0]} | {
+                    problem.target.card_of(r) for r in roots.values()})]
+            for root in sorted(set(roots.values())) if size else ():  # beside the groups placed so far
+                home = range(root - root % size, root - root % size + size)
+                if (home, None) not in blocks:
+                    blocks.append((home, None))
+            for block, cards in blocks:
+                trial_where, trial_free, trial_stream = list(where), list(free), list(stream)
+                _fill(problem, members[g], trial_where, trial_free, trial_stream, block, cards)
+                cost = group_cost_ps(problem, trial_where, members[g]) + max(trial_stream)
+                root = _root(problem, trial_where, members[g])
+                for nb, is_before in neighbours:
+                    sender = nb if is_before else g
+                    cost += handoff_ps(roots[nb], root, problem.group_out_bytes[sender], problem.target)
+                # On a tie, nearest the groups placed so far (their hand-offs come later).
+                near = min((_distance(problem, root, r) for r in roots.values()), default=0)
+                if best is None or (cost, near) < best[0]:
+                    best = ((cost, near), trial_where, trial_free, trial_stream)
         assert best is not None
         _, where, free, stream = best
+        roots[g] = _root(problem, where, members[g])
     return where
 
 
-def _group_cost(problem: Problem, members: Sequence[int], where: Sequence[int], g: int) -> int:
-    load: dict[int, int] = {}
-    for t in members:
-        if where[t] < problem.num_chiplets:
-            load[where[t]] = load.get(where[t], 0) + problem.work_ps[t]
-    return max(load.values(), default=0) + tree_ps(set(load), problem.target, problem.edge_ps[g])
+def _distance(problem: Problem, a: int, b: int) -> int:
+    """0 for the same chiplet, else 1 + the link level between them."""
+    link = problem.target.link_between(a, b)
+    return 0 if link is None else 1 + problem.target.links.index(link)
 
 
 def _best_block(free_bytes: Sequence[int], size: int) -> range:
-    """The aligned block of `size` chiplets with the most free bytes (the first on a tie)."""
+    """The aligned block of `size` chiplets with the most free bytes (the first on a tie); chiplets
+    outside the placement's subset have none, so a block of them is never the best while another has room."""
     blocks = [range(start, start + size) for start in range(0, len(free_bytes), size)]
     return max(blocks, key=lambda b: (sum(free_bytes[c] for c in b), -b.start))
 
 
-def _place_in_block(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[int], block: range) -> list[int]:
+def _place_in_block(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[int], block: range,
+                    cards: Sequence[int] | None = None) -> list[int]:
     where = [-1] * len(problem.tiles)
-    _fill(problem, tiles, where, list(free_bytes), [0] * problem.num_cards, block)
+    _fill(problem, tiles, where, list(free_bytes), [0] * problem.num_cards, block, cards)
     return where
 
 
 def _fill(problem: Problem, tiles: Sequence[int], where: list[int], free: list[int], stream: list[int],
-          block: range) -> None:
-    """Place `tiles` in `block` (updating `where`, `free` and `stream` in place)."""
+          block: range, cards: Sequence[int] | None = None) -> None:
+    """Place `tiles` in `block` (updating `where`, `free` and `stream` in place); what does not
+    fit streams from `cards` (default: every card that may stream)."""
     num_c = problem.num_chiplets
     load = {c: 0 for c in block}
     # Largest work first (LPT); ties by index, so the result is a function of the input only.
@@ -111,6 +194,7 @@ def _fill(problem: Problem, tiles: Sequence[int], where: list[int], free: list[i
             free[c] -= nbytes
             load[c] += problem.work_ps[t]
         else:
-            h = min(range(problem.num_cards), key=lambda h: (stream[h], h))
+            near = {problem.target.card_of(c) for c in block}
+            h = min(cards or problem.stream_cards, key=lambda h: (stream[h], h not in near, h))
             where[t] = num_c + h
             stream[h] += problem.stream_ps[t]

@@ -1,4 +1,4 @@
-"""The partitioner's result: where every tile lives, what it costs, and how good that is."""
+"""The partitioner's result: where every tile lives, where it computes, what it costs, and how good that is."""
 
 from __future__ import annotations
 
@@ -21,20 +21,27 @@ class LayerSolve:
 
 @dataclass(frozen=True)
 class Placement:
-    """Tile t is resident on chiplet where[t] (< num_chiplets) or streamed from card where[t] - num_chiplets."""
+    """Tile t is resident on chiplet where[t] (< num_chiplets) or streamed from card where[t] - num_chiplets.
+
+    Every tile computes on `compute_chiplet[t]`: where[t] for a resident tile; for a streamed one
+    a chiplet of the streaming card, which receives the tile's bytes from that card's LPDDR into
+    a staging buffer (inside its reserve) and computes with them."""
 
     target_name: str
     num_chiplets: int
     num_cards: int
     tiles: tuple[Tile, ...]
     where: tuple[int, ...]
+    compute_chiplet: tuple[int, ...]
     status: str  # "optimal", "feasible" or "greedy" (the greedy fallback)
     objective_ps: int
     greedy_objective_ps: int
     bound_ps: float
     solve_time_s: float
     chiplet_bytes: tuple[int, ...]
-    chiplet_capacity_bytes: int  # usable per chiplet (SRAM less the activation/KV reserve)
+    chiplet_capacity_bytes: tuple[int, ...]  # usable per chiplet: SRAM less the reserve (0 outside `chiplets`)
+    reserve_bytes: tuple[int, ...]  # per chiplet: held back for activations, the KV cache and staging
+    chiplets: tuple[int, ...]  # the chiplets the placement was confined to (all by default)
     chiplet_sram_bytes: int
     resident_bytes: int
     streamed_bytes: int  # stored bytes of streamed tiles
@@ -56,14 +63,30 @@ class Placement:
     def improvement_over_greedy(self) -> float:
         return 1.0 - self.objective_ps / self.greedy_objective_ps if self.greedy_objective_ps else 0.0
 
+    def is_streamed(self, tile_index: int) -> bool:
+        return self.where[tile_index] >= self.num_chiplets
+
     def location(self, tile_index: int) -> tuple[str, int]:
         w = self.where[tile_index]
         return ("chiplet", w) if w < self.num_chiplets else ("streamed", w - self.num_chiplets)
 
+    def streaming_card(self, tile_index: int) -> int | None:
+        """The card whose LPDDR streams the tile, or None for a resident tile."""
+        w = self.where[tile_index]
+        return w - self.num_chiplets if w >= self.num_chiplets else None
+
+    def tiles_of_weight(self, weight: str) -> list[int]:
+        """Indices of a weight's tiles, in column (or row) order."""
+        return [t for t, tile in enumerate(self.tiles) if tile.weight == weight]
+
+    def tiles_of_node(self, node: str) -> list[int]:
+        """Indices of the tiles IR node `node` reads (a tied table's Gather reads the head's tiles)."""
+        return [t for t, tile in enumerate(self.tiles) if node in tile.nodes]
+
     def tiles_per_layer(self) -> dict[int, tuple[int, int]]:
         """layer -> (resident tiles, streamed tiles)."""
         out: dict[int, list[int]] = {}
-        for tile, w in zip(self.tiles, self.where, strict=False):
+        for tile, w in zip(self.tiles, self.where, strict=True):
             counts = out.setdefault(tile.layer, [0, 0])
             counts[0 if w < self.num_chiplets else 1] += 1
         return {layer: (c[0], c[1]) for layer, c in sorted(out.items())}
@@ -85,19 +108,21 @@ class Placement:
             "batch_tokens": self.batch_tokens,
             "warnings": list(self.warnings),
             "tiles": len(self.tiles),
+            "allowed_chiplets": list(self.chiplets),
             "resident_bytes": self.resident_bytes,
             "streamed_bytes": self.streamed_bytes,
             "streamed_read_bytes_per_step": self.streamed_read_bytes_per_step,
             "min_streamed_read_bytes_per_step": self.min_streamed_read_bytes,
             "chiplets": [
-                {"chiplet": c, "bytes": b, "capacity_bytes": self.chiplet_capacity_bytes,
-                 "sram_bytes": self.chiplet_sram_bytes, "utilization": round(b / self.chiplet_sram_bytes, 6)}
+                {"chiplet": c, "bytes": b, "capacity_bytes": self.chiplet_capacity_bytes[c],
+                 "reserve_bytes": self.reserve_bytes[c], "sram_bytes": self.chiplet_sram_bytes,
+                 "utilization": round(b / self.chiplet_sram_bytes, 6)}
                 for c, b in enumerate(self.chiplet_bytes)
             ],
             "layers": [
                 {"layer": lc.layer, "resident_tiles": r, "streamed_tiles": s, "compute_ps": lc.compute_ps,
-                 "stream_ps": lc.stream_ps, "cut_ps": lc.cut_ps}
-                for lc, (r, s) in zip(self.layer_costs, self.tiles_per_layer().values(), strict=False)
+                 "stream_ps": lc.stream_ps, "cut_ps": lc.cut_ps, "collect_ps": lc.collect_ps}
+                for lc, (r, s) in zip(self.layer_costs, self.tiles_per_layer().values(), strict=True)
             ],
             "cut_bytes_per_step": dict(self.cut_bytes_by_level),
             "solves": [{"layer": s.layer, "method": s.method, "cost_ps": s.cost_ps, "greedy_cost_ps": s.greedy_cost_ps}
@@ -105,7 +130,8 @@ class Placement:
             "assignment": [
                 {"weight": t.weight, "k": [t.k_start, t.k_stop], "n": [t.n_start, t.n_stop],
                  "chiplet" if w < self.num_chiplets else "streamed_from_card":
-                     w if w < self.num_chiplets else w - self.num_chiplets}
-                for t, w in zip(self.tiles, self.where, strict=False)
+                     w if w < self.num_chiplets else w - self.num_chiplets,
+                 "compute_chiplet": c}
+                for t, w, c in zip(self.tiles, self.where, self.compute_chiplet, strict=True)
             ],
         }

@@ -2,28 +2,57 @@
 
 Each tile is either resident on one chiplet or streamed per token from one card's LPDDR.
 An assignment is a tuple `where` with one entry per tile: `0 <= where[t] < C` is a chiplet,
-`C + h` means streamed from card h. Costs are integer picoseconds per decode step:
+`C + h` means streamed from card h. Every tile also computes somewhere: a resident tile on
+its own chiplet, a streamed one on a *compute chiplet* of the card streaming it, which
+receives its bytes from LPDDR into a staging buffer and multiplies with them there.
+`compute_chiplets(problem, where)` chooses those deterministically (below), so the cost is a
+function of `where` alone. Costs are integer picoseconds per decode step:
 
     cost = sum over layers of  sum over groups g of max_c load(c, g)   compute: the busiest chiplet
                              + max_h stream(h)                          LPDDR: the busiest card streams
-                             + sum over groups g of cut(g)              activations sent to g's chiplets
+                             + sum over groups g of cut(g)              activation sent to g's chiplets
+                             + sum over groups g of collect(g)          g's outputs gathered and handed on
 
 - a group is the weights reading one activation (q, k, v; o; gate, up; down): groups run one
-  after another (each needs the one before), so each is balanced on its own;
-- load(c, g): g's resident tiles on c, each max(FLOPs / peak of its format, bytes / SRAM bandwidth);
+  after another (each needs the one before), so each is balanced on its own; their order is
+  the order of the weights (layer by layer, graph order inside a layer);
+- load(c, g): g's tiles computing on c, resident or streamed, each max(FLOPs / peak of its
+  format, bytes / SRAM bandwidth) (a streamed tile is read from its staging buffer);
 - stream(h): per-token bytes read from card h's LPDDR / its bandwidth (a linear tile is read
-  whole every step; an embedding row range only when a token falls in it);
+  whole every step; an embedding row range only when a token falls in it; a tied head's tile
+  both ways: whole for the head, a row per token for the lookup);
 - cut(g): the activation a group reads goes along a tree over the hierarchy to every chiplet
-  holding one of the group's tiles: each extra chiplet in a package costs one die-to-die
+  computing one of the group's tiles: each extra chiplet in a package costs one die-to-die
   transfer, each extra package on a card one package-to-package transfer, each extra card
-  one card-to-card transfer (latency + bytes / bandwidth).
+  one card-to-card transfer (latency + bytes / bandwidth);
+- collect(g): each chiplet computing g's tiles holds an output slice (batch_tokens rows x the
+  columns it computed x activation bytes; an embedding tile the expected share of the looked-up
+  rows). The slices go back up the same tree to the group's root, its lowest-numbered
+  chiplet: each non-head chiplet of a package sends its slice to the package's head (die to
+  die), each non-head package its package's slices to the card's head package, each non-root
+  card its card's slices to the root card; then the whole output is handed to the next
+  group's root (one transfer over the link level between the two roots, none when they are
+  the same chiplet). The last group of a layer hands on to the next layer's first group, so
+  consecutive layers on different cards pay a card-to-card transfer. A hand-off is charged to
+  the layer of the group that sends it, and only when both groups are in the tiles costed.
+
+Compute chiplets: per group, resident tiles first, then streamed tiles in decreasing work
+(ties by index), each onto the allowed chiplet of its streaming card where it adds least to
+the group's cost (the rise of the busiest chiplet's load plus the broadcast edge it adds),
+then the least loaded, then the lowest index.
+
+Capacity: chiplet c gives `sram_bytes - reserve_bytes[c]` to resident weights (the reserve
+holds activations, the KV cache and staging buffers; by default the target's
+`activation_reserve_fraction`). A placement may be confined to `chiplets`: the others hold
+nothing and compute nothing, and only cards with an allowed chiplet stream.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from aviatorc.errors import InfeasibleError, OptionError
 from aviatorc.partition.tiling import Tile
 from aviatorc.target import Target
 
@@ -37,15 +66,21 @@ class Problem:
     target: Target
     tiles: tuple[Tile, ...]
     tile_bytes: tuple[int, ...]
-    work_ps: tuple[int, ...]  # time on the chiplet holding it, per step
+    work_ps: tuple[int, ...]  # time on the chiplet computing it, per step
     stream_ps: tuple[int, ...]  # time to stream its per-step bytes from one card's LPDDR
     read_bytes: tuple[int, ...]  # bytes it reads from memory per step
-    groups: tuple[str, ...]  # group names, sorted
+    out_bytes: tuple[int, ...]  # bytes of the output slice it produces per step
+    groups: tuple[str, ...]  # group names, in execution order
     group_of: tuple[int, ...]  # tile -> group index
-    edge_ps: tuple[tuple[int, int, int], ...]  # group -> cost of one transfer at each link level
+    next_group: tuple[int, ...]  # group -> the group after it (-1 for the last)
+    edge_ps: tuple[tuple[int, int, int], ...]  # group -> cost of one broadcast transfer at each link level
     group_act_bytes: tuple[int, ...]  # group -> bytes of the activation it reads, per step
+    group_out_bytes: tuple[int, ...]  # group -> bytes of its whole output, per step
     layers: tuple[int, ...]  # sorted distinct layer indices
-    capacity_bytes: int  # usable SRAM per chiplet for weights
+    capacity_bytes: tuple[int, ...]  # per chiplet: SRAM for weights (0 outside `chiplets`)
+    reserve_bytes: tuple[int, ...]  # per chiplet: SRAM held back for activations, KV cache, staging
+    chiplets: tuple[int, ...]  # the chiplets this placement may use, sorted
+    stream_cards: tuple[int, ...]  # the cards that may stream (those with an allowed chiplet)
     batch_tokens: int
 
     @property
@@ -56,14 +91,60 @@ class Problem:
     def num_cards(self) -> int:
         return self.target.cards
 
+    def chiplets_of_card(self, card: int) -> list[int]:
+        """The allowed chiplets on `card`."""
+        return [c for c in self.chiplets if self.target.card_of(c) == card]
+
+
+def resolve_chiplets(target: Target, chiplets: Iterable[int] | None) -> tuple[int, ...]:
+    """The allowed chiplets, sorted; every chiplet by default. Out-of-range ids are an OptionError."""
+    if chiplets is None:
+        return tuple(range(target.num_chiplets))
+    chosen = tuple(sorted({int(c) for c in chiplets}))
+    bad = [c for c in chosen if not 0 <= c < target.num_chiplets]
+    if not chosen or bad:
+        raise OptionError(f"chiplets {list(bad) if bad else '(none)'} not on target '{target.name}', which has "
+                          f"chiplets 0-{target.num_chiplets - 1}", hint="choose chiplets like '0-7' (--chiplets)")
+    return chosen
+
+
+def capacities(target: Target, reserve_bytes: Sequence[int] | None, chiplets: Sequence[int]) -> tuple[tuple[int, ...],
+                                                                                                   tuple[int, ...]]:
+    """(usable bytes, reserve bytes) per chiplet; chiplets outside `chiplets` hold nothing."""
+    sram = target.chiplet.sram_bytes
+    if reserve_bytes is None:
+        reserve = [sram - target.usable_sram_bytes_per_chiplet] * target.num_chiplets
+    else:
+        reserve = [int(r) for r in reserve_bytes]
+        if len(reserve) != target.num_chiplets:
+            raise OptionError(f"reserve_bytes has {len(reserve)} entries but target '{target.name}' has "
+                              f"{target.num_chiplets} chiplets", hint="give one reserve per chiplet")
+    over = [c for c in chiplets if not 0 <= reserve[c] <= sram]
+    if over:
+        c = over[0]
+        raise InfeasibleError(f"chiplet {c} needs a reserve of {reserve[c]} bytes for activations and the KV cache "
+                              f"but has {sram} bytes of SRAM", file=target.source, needed_bytes=reserve[c],
+                              available_bytes=sram, hint="shorten the context or batch, or use more chiplets")
+    allowed = set(chiplets)
+    usable = tuple(sram - reserve[c] if c in allowed else 0 for c in range(target.num_chiplets))
+    return usable, tuple(reserve)
+
 
 def build_problem(tiles: Sequence[Tile], target: Target, *, batch_tokens: int = 1,
-                  vocab_rows: dict[str, int] | None = None) -> Problem:
-    """Cost every tile on `target` for a decode step of `batch_tokens` tokens."""
+                  vocab_rows: dict[str, int] | None = None, reserve_bytes: Sequence[int] | None = None,
+                  chiplets: Iterable[int] | None = None) -> Problem:
+    """Cost every tile on `target` for a decode step of `batch_tokens` tokens.
+
+    `vocab_rows`: the table rows of each embedding and tied head (the lookup reads one per token)."""
     vocab_rows = vocab_rows or {}
-    tile_bytes, work, stream, read = [], [], [], []
-    group_act_bytes: dict[str, int] = {}
-    for tile in tiles:
+    allowed = resolve_chiplets(target, chiplets)
+    capacity, reserve = capacities(target, reserve_bytes, allowed)
+    abpe = target.activation_bytes_per_element
+    tile_bytes, work, stream, read, out = [], [], [], [], []
+    group_act: dict[str, int] = {}
+    group_out: dict[str, int] = {}
+    order: dict[str, tuple[int, int]] = {}  # group -> (layer, first tile)
+    for index, tile in enumerate(tiles):
         nbytes = tile.storage_bytes
         if tile.is_embedding:
             rows = vocab_rows.get(tile.weight, tile.k_stop)
@@ -71,20 +152,28 @@ def build_problem(tiles: Sequence[Tile], target: Target, *, batch_tokens: int = 
             # probability k / rows, so batch * (nbytes / k) * (k / rows) = batch * nbytes / rows.
             per_step = min(nbytes, -(-nbytes * batch_tokens // rows))
             flops = 0.0
-            act = tile.n * target.activation_bytes_per_element * batch_tokens
+            act = tile.n * abpe * batch_tokens
+            produced = -(-tile.n * abpe * batch_tokens * tile.k // rows)
         else:
             per_step = nbytes
+            if tile.tied_to:  # the lookup reads a token's row (a column here) from the same tile
+                rows = vocab_rows.get(tile.weight, tile.n_stop)
+                per_step += min(nbytes, -(-nbytes * batch_tokens // rows))
             flops = 2.0 * tile.k * tile.n * batch_tokens
-            act = tile.k * target.activation_bytes_per_element * batch_tokens
+            act = tile.k * abpe * batch_tokens
+            produced = tile.n * abpe * batch_tokens
         seconds = max(flops / target.flops_per_s(tile.format.kind), per_step / target.chiplet.sram_bytes_per_s)
         tile_bytes.append(nbytes)
         read.append(per_step)
+        out.append(produced)
         work.append(max(1, round(seconds * PS)))
         stream.append(max(1, round(per_step / target.lpddr_bytes_per_s_per_card * PS)))
-        group_act_bytes[tile.group] = max(group_act_bytes.get(tile.group, 0), act)
-    groups = tuple(sorted(group_act_bytes))
-    index = {g: i for i, g in enumerate(groups)}
-    edge = tuple(tuple(round(link.transfer_s(group_act_bytes[g]) * PS) for link in target.links) for g in groups)
+        group_act[tile.group] = max(group_act.get(tile.group, 0), act)
+        group_out[tile.group] = group_out.get(tile.group, 0) + produced
+        order.setdefault(tile.group, (tile.layer, index))
+    groups = tuple(sorted(order, key=lambda g: order[g]))
+    index_of = {g: i for i, g in enumerate(groups)}
+    edge = tuple(tuple(round(link.transfer_s(group_act[g]) * PS) for link in target.links) for g in groups)
     return Problem(
         target=target,
         tiles=tuple(tiles),
@@ -92,12 +181,18 @@ def build_problem(tiles: Sequence[Tile], target: Target, *, batch_tokens: int = 
         work_ps=tuple(work),
         stream_ps=tuple(stream),
         read_bytes=tuple(read),
+        out_bytes=tuple(out),
         groups=groups,
-        group_of=tuple(index[t.group] for t in tiles),
+        group_of=tuple(index_of[t.group] for t in tiles),
+        next_group=tuple(range(1, len(groups))) + ((-1,) if groups else ()),
         edge_ps=edge,  # type: ignore[arg-type]
-        group_act_bytes=tuple(group_act_bytes[g] for g in groups),
+        group_act_bytes=tuple(group_act[g] for g in groups),
+        group_out_bytes=tuple(group_out[g] for g in groups),
         layers=tuple(sorted({t.layer for t in tiles})),
-        capacity_bytes=target.usable_sram_bytes_per_chiplet,
+        capacity_bytes=capacity,
+        reserve_bytes=reserve,
+        chiplets=allowed,
+        stream_cards=tuple(sorted({target.card_of(c) for c in allowed})),
         batch_tokens=batch_tokens,
     )
 
@@ -111,46 +206,160 @@ def tree_ps(chiplets: set[int], target: Target, edge: tuple[int, int, int]) -> i
     return (len(chiplets) - len(packages)) * edge[0] + (len(packages) - len(cards)) * edge[1] + (len(cards) - 1) * edge[2]
 
 
+def _transfer_ps(target: Target, level: int, nbytes: int) -> int:
+    return round(target.links[level].transfer_s(nbytes) * PS)
+
+
+def gather_ps(slices: dict[int, int], target: Target) -> int:
+    """Cost of collecting output slices (chiplet -> bytes) up the hierarchy to the lowest chiplet."""
+    if len(slices) <= 1:
+        return 0
+    cost = 0
+    by_package: dict[int, list[int]] = {}
+    for c in slices:
+        by_package.setdefault(target.package_of(c), []).append(c)
+    package_bytes: dict[int, int] = {}
+    for package, chips in by_package.items():
+        head = min(chips)
+        cost += sum(_transfer_ps(target, 0, slices[c]) for c in chips if c != head)
+        package_bytes[package] = sum(slices[c] for c in chips)
+    by_card: dict[int, list[int]] = {}
+    for package in package_bytes:
+        by_card.setdefault(package // target.packages_per_card, []).append(package)
+    card_bytes: dict[int, int] = {}
+    for card, packages in by_card.items():
+        head = min(packages)
+        cost += sum(_transfer_ps(target, 1, package_bytes[p]) for p in packages if p != head)
+        card_bytes[card] = sum(package_bytes[p] for p in packages)
+    root = min(card_bytes)
+    return cost + sum(_transfer_ps(target, 2, b) for h, b in card_bytes.items() if h != root)
+
+
+def handoff_ps(source: int, dest: int, nbytes: int, target: Target) -> int:
+    """One transfer of `nbytes` from chiplet `source` to `dest` (0 on the same chiplet)."""
+    link = target.link_between(source, dest)
+    return 0 if link is None else round(link.transfer_s(nbytes) * PS)
+
+
+def _marginal_edge(problem: Problem, c: int, used: set[int], edge: tuple[int, int, int]) -> int:
+    """What adding chiplet c to `used` adds to the broadcast tree."""
+    target = problem.target
+    if not used or c in used:
+        return 0
+    if any(target.package_of(u) == target.package_of(c) for u in used):
+        return edge[0]
+    if any(target.card_of(u) == target.card_of(c) for u in used):
+        return edge[1]
+    return edge[2]
+
+
+def compute_chiplets(problem: Problem, where: Sequence[int], tiles: Sequence[int] | None = None) -> list[int]:
+    """The chiplet each tile computes on (-1 for tiles not in `tiles` or not placed): its own for
+    a resident tile, one of its streaming card's for a streamed one (module docstring)."""
+    num_c = problem.num_chiplets
+    indices = range(len(problem.tiles)) if tiles is None else tiles
+    compute = [-1] * len(problem.tiles)
+    members: dict[int, list[int]] = {}
+    for t in indices:
+        if where[t] < 0:
+            continue
+        if where[t] < num_c:
+            compute[t] = where[t]
+        else:
+            members.setdefault(problem.group_of[t], []).append(t)
+    if not members:
+        return compute
+    resident_load: dict[int, dict[int, int]] = {}
+    for t in indices:
+        if 0 <= where[t] < num_c:
+            per = resident_load.setdefault(problem.group_of[t], {})
+            per[where[t]] = per.get(where[t], 0) + problem.work_ps[t]
+    for g in sorted(members):
+        load = dict(resident_load.get(g, {}))
+        used = set(load)
+        edge = problem.edge_ps[g]
+        for t in sorted(members[g], key=lambda t: (-problem.work_ps[t], t)):
+            busiest = max(load.values(), default=0)
+            work = problem.work_ps[t]
+            c = min(problem.chiplets_of_card(where[t] - num_c),
+                    key=lambda c: (max(0, load.get(c, 0) + work - busiest) + _marginal_edge(problem, c, used, edge),
+                                   load.get(c, 0), c))  # noqa: B023 - used at once, inside the loop
+            compute[t] = c
+            load[c] = load.get(c, 0) + work
+            used.add(c)
+    return compute
+
+
 @dataclass(frozen=True)
 class LayerCost:
     layer: int
     compute_ps: int
     stream_ps: int
     cut_ps: int
+    collect_ps: int = 0  # output slices gathered, and handed on to the next group
 
     @property
     def total_ps(self) -> int:
-        return self.compute_ps + self.stream_ps + self.cut_ps
+        return self.compute_ps + self.stream_ps + self.cut_ps + self.collect_ps
 
 
-def layer_costs(problem: Problem, where: Sequence[int], tiles: Sequence[int] | None = None) -> list[LayerCost]:
-    """Per-layer costs of an assignment (over `tiles`, default all), sorted by layer."""
+def layer_costs(problem: Problem, where: Sequence[int], tiles: Sequence[int] | None = None,
+                compute: Sequence[int] | None = None) -> list[LayerCost]:
+    """Per-layer costs of an assignment (over `tiles`, default all), sorted by layer.
+
+    `compute`: the compute chiplets, when already known (default: `compute_chiplets`)."""
     target = problem.target
     num_c = problem.num_chiplets
-    indices = range(len(problem.tiles)) if tiles is None else tiles
+    indices = list(range(len(problem.tiles)) if tiles is None else tiles)
+    if compute is None:
+        compute = compute_chiplets(problem, where, indices)
     load: dict[int, dict[int, int]] = {}  # group -> chiplet -> ps
+    slices: dict[int, dict[int, int]] = {}  # group -> chiplet -> output bytes
     stream: dict[int, dict[int, int]] = {}  # layer -> card -> ps
-    used: dict[int, set[int]] = {}  # group -> chiplets
     layer_groups: dict[int, set[int]] = {}
     for t in indices:
+        w = where[t]
+        if w < 0:
+            continue
         layer = problem.tiles[t].layer
         g = problem.group_of[t]
         layer_groups.setdefault(layer, set()).add(g)
-        w = where[t]
-        if w < num_c:
-            per = load.setdefault(g, {})
-            per[w] = per.get(w, 0) + problem.work_ps[t]
-            used.setdefault(g, set()).add(w)
-        else:
-            per = stream.setdefault(layer, {})
-            per[w - num_c] = per.get(w - num_c, 0) + problem.stream_ps[t]
-    out = []
+        c = compute[t]
+        per = load.setdefault(g, {})
+        per[c] = per.get(c, 0) + problem.work_ps[t]
+        out = slices.setdefault(g, {})
+        out[c] = out.get(c, 0) + problem.out_bytes[t]
+        if w >= num_c:
+            cards = stream.setdefault(layer, {})
+            cards[w - num_c] = cards.get(w - num_c, 0) + problem.stream_ps[t]
+    result = []
     for layer in sorted(layer_groups):
         groups = layer_groups[layer]
-        compute = sum(max(load[g].values()) for g in groups if g in load)
-        cut = sum(tree_ps(used[g], target, problem.edge_ps[g]) for g in groups if g in used)
-        out.append(LayerCost(layer, compute, max(stream.get(layer, {0: 0}).values()), cut))
-    return out
+        compute_ps = sum(max(load[g].values()) for g in groups)
+        cut = sum(tree_ps(set(load[g]), target, problem.edge_ps[g]) for g in groups)
+        collect = 0
+        for g in groups:
+            collect += gather_ps(slices[g], target)
+            after = problem.next_group[g]
+            if after >= 0 and after in load:
+                collect += handoff_ps(min(load[g]), min(load[after]), problem.group_out_bytes[g], target)
+        result.append(LayerCost(layer, compute_ps, max(stream.get(layer, {0: 0}).values()), cut, collect))
+    return result
+
+
+def group_cost_ps(problem: Problem, where: Sequence[int], members: Sequence[int]) -> int:
+    """One group's compute, broadcast and gather (no streaming, no hand-off): the greedy's yardstick."""
+    compute = compute_chiplets(problem, where, members)
+    load: dict[int, int] = {}
+    slices: dict[int, int] = {}
+    g = problem.group_of[members[0]]
+    for t in members:
+        if where[t] < 0:
+            continue
+        load[compute[t]] = load.get(compute[t], 0) + problem.work_ps[t]
+        slices[compute[t]] = slices.get(compute[t], 0) + problem.out_bytes[t]
+    return (max(load.values(), default=0) + tree_ps(set(load), problem.target, problem.edge_ps[g])
+            + gather_ps(slices, problem.target))
 
 
 def total_cost(problem: Problem, where: Sequence[int], tiles: Sequence[int] | None = None) -> int:

@@ -3,6 +3,13 @@
 A `WeightSpec` is one weight matrix as stored: a linear weight [k, n] (k the reduction dim,
 n the output channels) or an embedding table [vocab, hidden] (role "embedding").
 
+Tied embeddings (one table read by the embedding `Gather` and, transposed, by the `lm_head`
+MatMul) are one tensor with two uses. Its bytes live in the head's spec: a linear
+[hidden, vocab] weight with `tied_to` naming the embedding, whose column strips are exactly
+row ranges of the table, so the lookup reads a token's row from the same tiles. The embedding's
+own spec stays (it names the Gather and has layer -1) as an *alias*: `tied_to` names the head,
+it stores 0 bytes and is not tiled.
+
 Tiles follow the matrix units. A linear weight is split along n into column strips whose
 widths are multiples of the matrix unit's n (the last one may be ragged): a strip holds
 whole columns, so its per-channel scales, its K-groups and its 2:4 indices all stay inside
@@ -18,11 +25,20 @@ from dataclasses import dataclass
 
 from aviatorc.formats import WeightFormat
 
+Part = tuple[str, int, int]  # (role, n_start, n_stop): one projection inside a fused weight
+
 
 @dataclass(frozen=True)
 class WeightSpec:
-    """One weight matrix. `input` names the activation it reads (weights reading the same
-    activation form a group: the activation is sent once to every chiplet holding one of them)."""
+    """One weight matrix.
+
+    `input` names the activation it reads (weights reading the same activation form a group:
+    the activation is sent once to every chiplet computing one of them). `nodes` are the IR
+    nodes that read it (its MatMuls; the Gather of an embedding; both for a tied head).
+    `splits` are the parts of a fused weight (fuse-qkv's q/k/v, an exporter's fused c_attn),
+    as (role, n_start, n_stop) in column order; empty for an unfused weight. `tied_to` names
+    the other spec of a tied embedding/head pair (see the module docstring).
+    """
 
     name: str
     layer: int
@@ -31,19 +47,39 @@ class WeightSpec:
     n: int
     format: WeightFormat
     input: str = ""
+    nodes: tuple[str, ...] = ()
+    splits: tuple[Part, ...] = ()
+    tied_to: str = ""
 
     @property
     def is_embedding(self) -> bool:
         return self.role == "embedding"
 
     @property
+    def is_alias(self) -> bool:
+        """A tied embedding: its bytes are the head's tiles, so it holds none of its own."""
+        return self.is_embedding and bool(self.tied_to)
+
+    @property
+    def is_tied_head(self) -> bool:
+        return not self.is_embedding and bool(self.tied_to)
+
+    @property
     def storage_bytes(self) -> int:
-        return self.format.storage_bytes(self.k, self.n)
+        return 0 if self.is_alias else self.format.storage_bytes(self.k, self.n)
+
+    @property
+    def group(self) -> str:
+        """"<layer>:<input>": the weights reading one activation."""
+        return f"{self.layer}:{self.input or self.name}"
 
 
 @dataclass(frozen=True)
 class Tile:
-    """A piece of one weight: rows [k_start, k_stop) x columns [n_start, n_stop)."""
+    """A piece of one weight: rows [k_start, k_stop) x columns [n_start, n_stop).
+
+    `nodes` are the weight's reading nodes; `parts` the fused parts this strip's columns
+    overlap, clipped to the strip (weight column coordinates); `tied_to` as the weight's."""
 
     weight: str
     layer: int
@@ -54,6 +90,9 @@ class Tile:
     n_start: int
     n_stop: int
     format: WeightFormat
+    nodes: tuple[str, ...] = ()
+    parts: tuple[Part, ...] = ()
+    tied_to: str = ""
 
     @property
     def k(self) -> int:
@@ -70,6 +109,10 @@ class Tile:
     @property
     def is_embedding(self) -> bool:
         return self.role == "embedding"
+
+    def reads_for(self, node: str) -> bool:
+        """Whether IR node `node` reads this tile's bytes."""
+        return node in self.nodes
 
 
 def split_aligned(length: int, unit: int, parts: int) -> list[tuple[int, int]]:
@@ -88,13 +131,20 @@ def split_aligned(length: int, unit: int, parts: int) -> list[tuple[int, int]]:
     return ranges
 
 
+def clip_parts(parts: tuple[Part, ...], start: int, stop: int) -> tuple[Part, ...]:
+    """The parts overlapping columns [start, stop), clipped to them."""
+    return tuple((role, max(a, start), min(b, stop)) for role, a, b in parts if a < stop and b > start)
+
+
 def tile_weight(spec: WeightSpec, unit_k: int, unit_n: int, parts: int) -> list[Tile]:
-    """Split one weight into at most `parts` tiles aligned to the matrix unit."""
-    group = f"{spec.layer}:{spec.input or spec.name}"
+    """Split one weight into at most `parts` tiles aligned to the matrix unit (none for an alias)."""
+    if spec.is_alias:
+        return []
     if spec.is_embedding:
-        return [Tile(spec.name, spec.layer, spec.role, group, a, b, 0, spec.n, spec.format)
+        return [Tile(spec.name, spec.layer, spec.role, spec.group, a, b, 0, spec.n, spec.format, spec.nodes)
                 for a, b in split_aligned(spec.k, unit_k, parts)]
-    return [Tile(spec.name, spec.layer, spec.role, group, 0, spec.k, a, b, spec.format)
+    return [Tile(spec.name, spec.layer, spec.role, spec.group, 0, spec.k, a, b, spec.format, spec.nodes,
+                 clip_parts(spec.splits, a, b), spec.tied_to)
             for a, b in split_aligned(spec.n, unit_n, parts)]
 
 
@@ -103,6 +153,8 @@ def tile_weights(specs: list[WeightSpec], unit_k: int, unit_n: int, parts: int, 
     (so it can be packed beside others), in the order of `specs`."""
     tiles: list[Tile] = []
     for spec in specs:
+        if spec.is_alias:
+            continue
         count = parts
         pieces = tile_weight(spec, unit_k, unit_n, count)
         limit = spec.k if spec.is_embedding else spec.n

@@ -5,27 +5,53 @@
   `DequantizeWeight` output (the format from its attributes, the logical [k, n] from its
   output type) or a `Transpose` of a rank-2 initializer;
 - `Gather(table, ids)` on an initializer: an embedding, looked up rather than multiplied.
-A weight used twice (tied) is placed once. The layer index comes from the parameter name
-(`layers.N.`, `h.N.`, `layer.N.`, `blocks.N.`). Where names do not give it (ONNX dynamo
-exports name weights `val_44`), it comes from the structure (`_structural_layers`): the
-attention blocks (Softmax or Attention nodes) are counted in topological order, a weight
-feeding the next one (q, k) or the MatMul that consumes its probabilities (v) belongs to
-that block, any other weight (o, MLP) to the last block before it, a head after the last
-block to the block count, the embedding to -1. Without either, a weight gets -1 before the
-first block and the last block + 1 after it.
+A weight read by several MatMuls is placed once and lists every reader in `nodes`.
+
+Tied embeddings: a head MatMul whose weight is the embedding table read transposed (a
+`Transpose` of the table; or the frontends' lazy transposed initializer, named
+`<table>.T` by the torch importer and `<table>_T` by the ONNX one, or holding a `Derived` of
+the table's own data) is the same tensor. It becomes a linear `lm_head` spec with
+`tied_to=<table>` that holds the bytes, and the table's embedding spec becomes an alias
+(`tied_to=<head>`, 0 bytes, no tiles): see `tiling.py`. A quantized head (a `DequantizeWeight`
+of its own packed bytes) is a separate tensor and is not tied.
+
+Fused weights: a MatMul output (after an optional bias Add) read only by one `Split` on the
+last axis (fuse-qkv, GPT-2's c_attn), or only by `Slice`s of the last axis that cover it
+(Phi-3's qkv_proj), gives `splits`: (role, n_start, n_stop) per part, roles "q", "k", "v"
+for a three-part attention projection, "gate", "up" for a two-part MLP one, else "part<i>".
+
+Roles come from whole dotted name components (`qkv_proj` is not `v_proj`). The layer index
+comes from the parameter name (`layers.N.`, `h.N.`, `layer.N.`, `blocks.N.`). Where names do
+not give it (ONNX dynamo exports name weights `val_44`), it comes from the structure
+(`_structural_layers`): the attention blocks (Softmax or Attention nodes) are counted in
+topological order, a weight feeding the next one (q, k) or the MatMul that consumes its
+probabilities (v) belongs to that block, any other weight (o, MLP) to the last block before
+it, a head after the last block to the block count, the embedding to -1. Without either, a
+weight gets -1 before the first block and the last block + 1 after it.
+
+`weights_from_config` gives the same specs from a config alone, with synthetic node names:
+the Hugging Face module paths (`model.embed_tokens` for the Gather, `model.layers.3.mlp.up_proj`,
+`lm_head`), which the importer's node names do not follow (`linear_5`).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aviatorc.formats import WeightFormat, dense_format
-from aviatorc.partition.tiling import WeightSpec
+from aviatorc.ir import Derived, Graph, Node, Value
+from aviatorc.partition.tiling import Part, WeightSpec
 
 _LAYER = re.compile(r"(?:^|[._/])(?:layers|layer|h|blocks)[._/](\d+)(?:[._/]|$)")
-_ROLES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head", "c_attn",
-          "c_proj", "c_fc", "qkv_proj", "gate_up_proj", "dense", "fc1", "fc2", "query", "key", "value")
+_ROLES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head",
+                    "c_attn", "c_proj", "c_fc", "qkv_proj", "gate_up_proj", "dense", "fc1", "fc2", "query", "key",
+                    "value", "query_key_value", "embed_tokens", "wte"})
+_COMPONENT = re.compile(r"[./:]")
+# Roles whose weight fuses several projections, and what its parts are called.
+_FUSED_PARTS = {3: ("q", "k", "v"), 2: ("gate", "up")}
+_TRANSPOSED_NAME = re.compile(r"^(?P<table>.+?)(?:\.T|_T)(?:_\d+)?$")
 
 
 def layer_of(name: str) -> int | None:
@@ -34,43 +60,162 @@ def layer_of(name: str) -> int | None:
 
 
 def role_of(name: str) -> str:
-    for role in _ROLES:
-        if role in name:
-            return role
+    """The role named by the last whole component of `name` that is one ("linear" if none):
+    `model.layers.0.self_attn.qkv_proj.weight` is `qkv_proj`, never `v_proj`."""
+    for component in reversed(_COMPONENT.split(name)):
+        if component in _ROLES:
+            return component
     return "linear"
 
 
-def weights_from_graph(graph: Any) -> list[WeightSpec]:
+@dataclass
+class _Found:
+    """A weight as the walk finds it; the layer may still be unknown."""
+
+    name: str
+    layer: int | None
+    role: str
+    k: int
+    n: int
+    format: WeightFormat
+    input: str
+    first: Node  # the first node reading it (for the structural layer inference)
+    nodes: list[str] = field(default_factory=list)
+    splits: tuple[Part, ...] = ()
+    tied_to: str = ""
+
+
+@dataclass(frozen=True)
+class _Linear:
+    """A MatMul's weight operand resolved to what is stored."""
+
+    name: str
+    k: int
+    n: int
+    format: WeightFormat
+    table: Value | None = None  # the embedding table it is (transposed), for a tied head
+
+
+def weights_from_graph(graph: Graph) -> list[WeightSpec]:
     """Every weight of `graph` the partitioner places, in graph order."""
-    found: list[tuple[str, int | None, str, int, int, WeightFormat, str]] = []
-    seen: set[str] = set()
-    consumers: dict[str, Any] = {}  # weight name -> the node that reads it
+    tables = {node.input(0).name: node.input(0) for node in graph.nodes if _is_lookup(node)}
+    found: dict[str, _Found] = {}
+    heads: dict[str, str] = {}  # table name -> name of the tied head spec
     for node in graph.nodes:
-        if node.op == "MatMul" and len(node.inputs) >= 2 and node.inputs[1] is not None:
-            weight = _linear_weight(node.inputs[1])
-            if weight is None or weight[0] in seen:
+        if _is_lookup(node):
+            table = node.input(0)
+            entry = found.get(table.name)
+            if entry is None:
+                ids = node.inputs[1]
+                entry = found[table.name] = _Found(table.name, layer_of(table.name), "embedding",
+                                                   int(table.type.shape[0]), int(table.type.shape[1]),  # type: ignore[arg-type]
+                                                   dense_format(table.type.dtype),
+                                                   ids.name if ids is not None else table.name, node)
+            entry.nodes.append(node.name)
+        elif node.op == "MatMul" and len(node.inputs) >= 2 and node.inputs[1] is not None:
+            weight = _linear_weight(node.input(1), tables)
+            if weight is None:
                 continue
-            name, k, n, fmt = weight
-            seen.add(name)
-            consumers[name] = node
-            x = node.inputs[0]
-            found.append((name, layer_of(name), role_of(name), k, n, fmt, x.name if x is not None else name))
-        elif node.op == "Gather" and node.inputs[0] is not None and node.inputs[0].is_initializer:
-            table = node.inputs[0]
-            shape = table.type.shape
-            if len(shape) != 2 or not all(isinstance(d, int) for d in shape) or int(node.attrs.get("axis", 0)) != 0:
-                continue
-            if table.name in seen:
-                continue
-            seen.add(table.name)
-            consumers[table.name] = node
-            found.append((table.name, layer_of(table.name), "embedding", int(shape[0]), int(shape[1]),
-                          dense_format(table.type.dtype), node.inputs[1].name if node.inputs[1] else table.name))
-    if any(layer is None for _, layer, *_ in found):
-        inferred = _structural_layers(graph, consumers)
-        found = [(name, inferred.get(name) if layer is None else layer, role, k, n, fmt, x)
-                 for name, layer, role, k, n, fmt, x in found]
-    return _with_layers(found)
+            entry = found.get(weight.name)
+            if entry is None:
+                x = node.inputs[0]
+                entry = found[weight.name] = _Found(
+                    weight.name, layer_of(weight.name), "lm_head" if weight.table is not None else role_of(weight.name),
+                    weight.k, weight.n, weight.format, x.name if x is not None else weight.name, node)
+                entry.splits = _splits(node, weight.n, entry.role)
+                if weight.table is not None:
+                    entry.tied_to = weight.table.name
+                    heads[weight.table.name] = weight.name
+            entry.nodes.append(node.name)
+    for table_name, head in heads.items():  # the tied pair: the head holds the bytes, the table is an alias
+        if table_name in found:
+            found[table_name].tied_to = head
+            found[head].nodes += [n for n in found[table_name].nodes if n not in found[head].nodes]
+    entries = list(found.values())
+    if any(e.layer is None for e in entries):
+        inferred = _structural_layers(graph, {e.name: e.first for e in entries})
+        for e in entries:
+            if e.layer is None:
+                e.layer = inferred.get(e.name)
+    return _with_layers(entries)
+
+
+def _is_lookup(node: Node) -> bool:
+    """A Gather of rows (axis 0) from a rank-2 initializer with static dims: an embedding."""
+    if node.op != "Gather" or not node.inputs or node.inputs[0] is None or not node.inputs[0].is_initializer:
+        return False
+    shape = node.inputs[0].type.shape
+    return len(shape) == 2 and all(isinstance(d, int) for d in shape) and int(node.attrs.get("axis", 0)) == 0  # type: ignore[arg-type]
+
+
+def _splits(matmul: Node, n: int, role: str) -> tuple[Part, ...]:
+    """The parts of a fused weight from what reads the MatMul's output (see the module docstring)."""
+    out = matmul.outputs[0]
+    if len(out.users) == 1 and out.users[0].op == "Add":  # a bias
+        add = out.users[0]
+        other = add.inputs[1] if add.inputs[0] is out else add.inputs[0]
+        if other is not None and other.is_initializer:
+            out = add.outputs[0]
+    users = out.users
+    if not users:
+        return ()
+    ranges: list[tuple[int, int]] | None = None
+    if len(users) == 1 and users[0].op == "Split" and users[0].inputs[0] is out:
+        ranges = _split_ranges(users[0], out, n)
+    elif all(u.op == "Slice" and u.inputs[0] is out for u in users):
+        ranges = _slice_ranges(users, out, n)
+    if not ranges or len(ranges) < 2:
+        return ()
+    names = _FUSED_PARTS.get(len(ranges)) if role in ("qkv_proj", "c_attn", "query_key_value", "gate_up_proj") else None
+    if names is not None and role == "gate_up_proj" and len(ranges) != 2:
+        names = None
+    if names is not None and role != "gate_up_proj" and len(ranges) != 3:
+        names = None
+    if names is None:
+        names = tuple(f"part{i}" for i in range(len(ranges)))
+    return tuple((name, a, b) for name, (a, b) in zip(names, ranges, strict=True))
+
+
+def _last_axis(axis: int, rank: int) -> bool:
+    return axis in (-1, rank - 1)
+
+
+def _split_ranges(split: Node, out: Value, n: int) -> list[tuple[int, int]] | None:
+    if not _last_axis(int(split.attrs.get("axis", 0)), out.type.rank):  # type: ignore[arg-type]
+        return None
+    sizes_value = split.inputs[1] if len(split.inputs) > 1 else None
+    if sizes_value is not None:
+        array = sizes_value.const_value()
+        if array is None:
+            return None
+        sizes = [int(s) for s in array.reshape(-1)]
+    else:
+        parts = int(split.attrs.get("num_outputs", 0)) or len(split.outputs)  # type: ignore[arg-type]
+        chunk = -(-n // parts)
+        sizes = [min(chunk, n - i * chunk) for i in range(parts)]
+    if sum(sizes) != n:
+        return None
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [(a, a + s) for a, s in zip(starts, sizes, strict=True)]
+
+
+def _slice_ranges(slices: list[Node], out: Value, n: int) -> list[tuple[int, int]] | None:
+    """Column ranges of Slices of the last axis (step 1) that cover [0, n) without overlap."""
+    ranges = set()
+    for node in slices:
+        consts = [v.const_value() if v is not None else None for v in node.inputs[1:]]
+        if len(consts) < 2 or consts[0] is None or consts[1] is None:
+            return None
+        starts, ends = consts[0].reshape(-1), consts[1].reshape(-1)
+        axes = consts[2].reshape(-1) if len(consts) > 2 and consts[2] is not None else range(len(starts))
+        steps = consts[3].reshape(-1) if len(consts) > 3 and consts[3] is not None else [1] * len(starts)
+        if len(starts) != 1 or not _last_axis(int(list(axes)[0]), out.type.rank) or int(steps[0]) != 1:
+            return None
+        ranges.add(slice(int(starts[0]), int(ends[0])).indices(n)[:2])
+    ordered = sorted(ranges)
+    if ordered[0][0] != 0 or ordered[-1][1] != n or any(a[1] != b[0] for a, b in zip(ordered, ordered[1:])):
+        return None
+    return ordered
 
 
 _ATTENTION = ("Softmax", "Attention")  # one per attention block, in topological order
@@ -79,7 +224,7 @@ _ATTENTION = ("Softmax", "Attention")  # one per attention block, in topological
 _SHAPE_ONLY = ("Shape", "Size", "ConstantOfShape")
 
 
-def _structural_layers(graph: Any, consumers: dict[str, Any]) -> dict[str, int]:
+def _structural_layers(graph: Graph, consumers: dict[str, Node]) -> dict[str, int]:
     """Layer indices from the attention blocks; {} when the graph has none.
 
     `after[v]`: the index of the last attention block among v's ancestors (-1: none). A weight
@@ -117,11 +262,11 @@ def _structural_layers(graph: Any, consumers: dict[str, Any]) -> dict[str, int]:
     return layers
 
 
-def _cone(start: Any, base: int, index: dict[int, int], weight_nodes: set[int], after: dict[int, int],
+def _cone(start: Node, base: int, index: dict[int, int], weight_nodes: set[int], after: dict[int, int],
           outputs: set[int]) -> tuple[bool, bool, bool]:
     """Walk forward from `start`'s outputs up to the next weight: (reaches block base + 1 as q, k
     or v, reaches a graph output, reaches another weight)."""
-    stack = [v for v in start.outputs]
+    stack = list(start.outputs)
     seen: set[int] = set()
     reaches_output = reaches_weight = False
     while stack:
@@ -146,12 +291,14 @@ def _cone(start: Any, base: int, index: dict[int, int], weight_nodes: set[int], 
     return False, reaches_output, reaches_weight
 
 
-def _linear_weight(value: Any) -> tuple[str, int, int, WeightFormat] | None:
+def _linear_weight(value: Value, tables: dict[str, Value]) -> _Linear | None:
+    """What a MatMul's weight operand stores, or None when it is not a placeable weight."""
     shape = value.type.shape
     if value.is_initializer:
         if len(shape) != 2 or not all(isinstance(d, int) for d in shape):
             return None
-        return value.name, int(shape[0]), int(shape[1]), dense_format(value.type.dtype)
+        k, n = int(shape[0]), int(shape[1])  # type: ignore[arg-type]
+        return _Linear(value.name, k, n, dense_format(value.type.dtype), _tied_table(value, tables))
     producer = value.producer
     if producer is not None and producer.op == "Cast" and producer.inputs[0] is not None:
         producer = producer.inputs[0].producer  # a float16 model casts the dequantized weight
@@ -159,28 +306,49 @@ def _linear_weight(value: Any) -> tuple[str, int, int, WeightFormat] | None:
         return None
     if producer.op == "DequantizeWeight":
         fmt = WeightFormat.from_attrs(producer.attrs)
-        k, n = (int(d) for d in value.type.shape[-2:])
+        k, n = (int(d) for d in value.type.shape[-2:])  # type: ignore[arg-type]
         stored = producer.inputs[0]
-        return (stored.name if stored is not None else value.name), k, n, fmt
+        return _Linear(stored.name if stored is not None else value.name, k, n, fmt)
     if producer.op == "Transpose" and producer.inputs[0] is not None and producer.inputs[0].is_initializer:
         source = producer.inputs[0]
         if len(source.type.shape) == 2 and all(isinstance(d, int) for d in shape) and len(shape) == 2:
-            return source.name, int(shape[0]), int(shape[1]), dense_format(source.type.dtype)
+            k, n = int(shape[0]), int(shape[1])  # type: ignore[arg-type]
+            if source.name in tables:  # the embedding table read transposed: a tied head
+                return _Linear(value.name, k, n, dense_format(source.type.dtype), source)
+            return _Linear(source.name, k, n, dense_format(source.type.dtype))
     return None
 
 
-def _with_layers(found: list[tuple[str, int | None, str, int, int, WeightFormat, str]]) -> list[WeightSpec]:
-    """Fill in missing layer indices: -1 before the first numbered weight, last + 1 after it."""
-    numbered = [layer for _, layer, *_ in found if layer is not None]
+def _tied_table(value: Value, tables: dict[str, Value]) -> Value | None:
+    """The embedding table `value` is a transposed copy of (the frontends' lazy transpose), or None."""
+    table = None
+    if isinstance(value.data, Derived):
+        table = next((t for t in tables.values() if t.data is value.data.source), None)
+    if table is None:
+        match = _TRANSPOSED_NAME.match(value.name)
+        table = tables.get(match.group("table")) if match else None
+    if table is None or table is value:
+        return None
+    if tuple(table.type.shape[::-1]) != tuple(value.type.shape) or table.type.dtype != value.type.dtype:
+        return None
+    return table
+
+
+def _with_layers(found: list[_Found]) -> list[WeightSpec]:
+    """Fill in missing layer indices (-1 before the first numbered weight, last + 1 after it)
+    and make the specs."""
+    numbered = [f.layer for f in found if f.layer is not None]
     last = max(numbered) if numbered else -1
     specs: list[WeightSpec] = []
     seen_numbered = False
-    for name, layer, role, k, n, fmt, x in found:
+    for f in found:
+        layer = f.layer
         if layer is not None:
             seen_numbered = True
         else:
-            layer = last + 1 if seen_numbered or role == "lm_head" else -1
-        specs.append(WeightSpec(name, layer, role, k, n, fmt, x))
+            layer = last + 1 if seen_numbered or f.role == "lm_head" else -1
+        specs.append(WeightSpec(f.name, layer, f.role, f.k, f.n, f.format, f.input, tuple(f.nodes), f.splits,
+                                f.tied_to))
     return specs
 
 
@@ -189,7 +357,10 @@ def weights_from_config(config: dict[str, Any], linear_format: WeightFormat, *,
     """The weights of a Llama-architecture `config.json` dict, shape-only, without building a graph.
 
     Linear weights get `linear_format`; the embedding stays `embedding_format` (FP16 by default,
-    as the quantize pass keeps it). Norm weights are vectors and are not placed.
+    as the quantize pass keeps it). Norm weights are vectors and are not placed. With
+    `tie_word_embeddings` the head is the embedding table read transposed: one tensor, in the
+    embedding's format (the quantize pass leaves a tied head float), held by the head's spec.
+    Node names are the module paths (see the module docstring).
     """
     embedding_format = embedding_format or WeightFormat("fp16")
     hidden = config["hidden_size"]
@@ -198,30 +369,36 @@ def weights_from_config(config: dict[str, Any], linear_format: WeightFormat, *,
     kv = config.get("num_key_value_heads", heads) * head_dim
     inter = config["intermediate_size"]
     layers = config["num_hidden_layers"]
-    specs = [WeightSpec("model.embed_tokens.weight", -1, "embedding", config["vocab_size"], hidden,
-                        embedding_format, "input_ids")]
+    tied = bool(config.get("tie_word_embeddings"))
+    embed, head = "model.embed_tokens.weight", "lm_head.weight"
+    specs = [WeightSpec(embed, -1, "embedding", config["vocab_size"], hidden, embedding_format, "input_ids",
+                        ("model.embed_tokens",), tied_to=head if tied else "")]
+
+    def linear(module: str, layer: int, k: int, n: int, x: str) -> WeightSpec:
+        return WeightSpec(module + ".weight", layer, role_of(module), k, n, linear_format, x, (module,))
+
     for i in range(layers):
         p = f"model.layers.{i}."
         specs += [
-            WeightSpec(p + "self_attn.q_proj.weight", i, "q_proj", hidden, heads * head_dim, linear_format, p + "attn_in"),
-            WeightSpec(p + "self_attn.k_proj.weight", i, "k_proj", hidden, kv, linear_format, p + "attn_in"),
-            WeightSpec(p + "self_attn.v_proj.weight", i, "v_proj", hidden, kv, linear_format, p + "attn_in"),
-            WeightSpec(p + "self_attn.o_proj.weight", i, "o_proj", heads * head_dim, hidden, linear_format, p + "attn_out"),
-            WeightSpec(p + "mlp.gate_proj.weight", i, "gate_proj", hidden, inter, linear_format, p + "mlp_in"),
-            WeightSpec(p + "mlp.up_proj.weight", i, "up_proj", hidden, inter, linear_format, p + "mlp_in"),
-            WeightSpec(p + "mlp.down_proj.weight", i, "down_proj", inter, hidden, linear_format, p + "mlp_act"),
+            linear(p + "self_attn.q_proj", i, hidden, heads * head_dim, p + "attn_in"),
+            linear(p + "self_attn.k_proj", i, hidden, kv, p + "attn_in"),
+            linear(p + "self_attn.v_proj", i, hidden, kv, p + "attn_in"),
+            linear(p + "self_attn.o_proj", i, heads * head_dim, hidden, p + "attn_out"),
+            linear(p + "mlp.gate_proj", i, hidden, inter, p + "mlp_in"),
+            linear(p + "mlp.up_proj", i, hidden, inter, p + "mlp_in"),
+            linear(p + "mlp.down_proj", i, inter, hidden, p + "mlp_act"),
         ]
-    if config.get("tie_word_embeddings"):
-        return specs
-    specs.append(WeightSpec("lm_head.weight", layers, "lm_head", hidden, config["vocab_size"], linear_format,
-                            "final_norm"))
+    if tied:
+        specs.append(WeightSpec(head, layers, "lm_head", hidden, config["vocab_size"], embedding_format, "final_norm",
+                                ("lm_head", "model.embed_tokens"), tied_to=embed))
+    else:
+        specs.append(linear("lm_head", layers, hidden, config["vocab_size"], "final_norm"))
     return specs
 
 
 def with_formats(specs: list[WeightSpec], linear_format: WeightFormat,
                  embedding_format: WeightFormat | None = None) -> list[WeightSpec]:
-    """The same weights stored in other formats (what the quantize pass does to a graph)."""
-    from dataclasses import replace
-
+    """The same weights stored in other formats (what the quantize pass does to a graph); a tied
+    pair keeps the embedding's format, as the quantize pass leaves a tied head float."""
     embedding_format = embedding_format or WeightFormat("fp16")
-    return [replace(s, format=embedding_format if s.is_embedding else linear_format) for s in specs]
+    return [replace(s, format=embedding_format if s.is_embedding or s.tied_to else linear_format) for s in specs]

@@ -12,7 +12,7 @@ from aviatorc.ir.data import ShapeOnly
 from aviatorc.ir.types import TensorType
 from aviatorc.models import llama_config, param_count
 from aviatorc.partition.tiling import WeightSpec, split_aligned, tile_weight, tile_weights
-from aviatorc.partition.weights import weights_from_config, weights_from_graph
+from aviatorc.partition.weights import role_of, weights_from_config, weights_from_graph
 
 FORMATS = [WeightFormat("fp16"), WeightFormat("int8"), WeightFormat("int4", 128), WeightFormat("int4", 32, False),
            WeightFormat("mxint8", 32), WeightFormat("mxint4", 32), WeightFormat("int8", sparsity="2:4"),
@@ -83,6 +83,7 @@ def test_weights_from_graph():
     head = g.add_initializer("lm_head.weight", TensorType("float16", (64, 100)), ShapeOnly())
     g.add_node("MatMul", [up, head], [TensorType("float32", (1, 8, 100))])
     specs = weights_from_graph(g)
+    assert [s.nodes for s in specs] == [(n.name,) for n in g.nodes if n.op in ("Gather", "MatMul")]
     assert [(s.name, s.layer, s.role, s.k, s.n, s.format.kind) for s in specs] == [
         ("model.embed_tokens.weight", -1, "embedding", 100, 32, "fp16"),
         ("model.layers.0.self_attn.q_proj.weight", 0, "q_proj", 32, 32, "fp16"),
@@ -114,16 +115,81 @@ def test_layers_from_structure_match_the_named_import(arch, tmp_path_factory):
     assert linear == Counter((s.layer, s.k, s.n) for s in torch_specs if not s.is_embedding)
 
 
-def test_weights_from_config_match_the_imported_graph(tmp_path):
+@pytest.mark.parametrize("tied", [False, True])
+def test_weights_from_config_match_the_imported_graph(tmp_path, tied):
     # The partition benchmark reads 70B/120B weights from their configs; the importer must agree.
+    # A tied pair's names follow the exporter (torch.export keeps one name for the one tensor,
+    # `lm_head.weight`, and the importer stores its transpose as `lm_head.weight.T`), so the pair
+    # is compared by shape, role, layer and bytes; every other weight by name too.
     import json
 
     import aviatorc
 
     cfg = dict(llama_config("llama-3-8b"), num_hidden_layers=2, hidden_size=256, intermediate_size=512,
-               num_attention_heads=4, num_key_value_heads=2, vocab_size=1000)
+               num_attention_heads=4, num_key_value_heads=2, vocab_size=1000, tie_word_embeddings=tied)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     graph = aviatorc.import_model(tmp_path / "config.json")
-    from_graph = {(s.name, s.layer, s.k, s.n) for s in weights_from_graph(graph)}
-    from_config = {(s.name, s.layer, s.k, s.n) for s in weights_from_config(cfg, WeightFormat("fp32"))}
-    assert from_graph == from_config
+    fp32 = WeightFormat("fp32")
+    graph_specs = weights_from_graph(graph)
+    config_specs = weights_from_config(cfg, fp32, embedding_format=fp32)
+
+    def key(s):
+        name = "" if s.tied_to else s.name
+        return (name, s.layer, s.role, s.k, s.n, s.storage_bytes, bool(s.tied_to), len(s.nodes))
+
+    assert sorted(map(key, graph_specs)) == sorted(map(key, config_specs))
+    assert sum(s.storage_bytes for s in graph_specs) == sum(s.storage_bytes for s in config_specs)
+    if tied:  # one tensor: counted once, read by the head's MatMul and the embedding's Gather
+        (head,) = [s for s in graph_specs if s.role == "lm_head"]
+        (table,) = [s for s in graph_specs if s.is_embedding]
+        assert head.tied_to == table.name and table.tied_to == head.name and table.storage_bytes == 0
+        assert set(table.nodes) < set(head.nodes) and len(head.nodes) == 2
+
+
+def test_roles_match_whole_name_components():
+    assert role_of("model.layers.0.self_attn.qkv_proj.weight") == "qkv_proj"  # was v_proj
+    assert role_of("model.layers.0.mlp.gate_up_proj.weight") == "gate_up_proj"  # was up_proj
+    assert role_of("model.layers.1.mlp.up_proj.packed") == "up_proj"
+    assert role_of("lm_head.weight.T") == "lm_head"
+    assert role_of("transformer.h.0.attn.c_attn.weight") == "c_attn"
+    assert role_of("encoder.layer.0.attention.self.query.weight") == "query"
+    assert role_of("my_q_proj_like.weight") == "linear"
+
+
+def _fused_graph(split_by: str) -> Graph:
+    """x @ W[32, 64] + b, then a Split (fuse-qkv's form) or three Slices (Phi-3's) into 32 + 16 + 16."""
+    import numpy as np
+
+    g = Graph()
+    x = g.add_input("x", TensorType("float32", (1, 4, 32)))
+    w = g.add_initializer("model.layers.0.self_attn.qkv_proj.weight", TensorType("float32", (32, 64)), ShapeOnly())
+    b = g.add_initializer("model.layers.0.self_attn.qkv_proj.bias", TensorType("float32", (64,)), ShapeOnly())
+    y = g.add_node("MatMul", [x, w], [TensorType("float32", (1, 4, 64))], name="qkv").outputs[0]
+    y = g.add_node("Add", [y, b], [TensorType("float32", (1, 4, 64))], name="qkv.add").outputs[0]
+    widths = [32, 16, 16]
+    if split_by == "split":
+        sizes = g.add_constant(np.array(widths, dtype=np.int64), "sizes")
+        g.add_node("Split", [y, sizes], [TensorType("float32", (1, 4, n)) for n in widths], {"axis": -1}, name="split")
+    else:
+        for start, stop in ((32, 48), (0, 32), (48, 64)):
+            args = [g.add_constant(np.array([v], dtype=np.int64), "c") for v in (start, stop, -1)]
+            g.add_node("Slice", [y, *args], [TensorType("float32", (1, 4, stop - start))], name=f"slice{start}")
+    return g
+
+
+@pytest.mark.parametrize("split_by", ["split", "slices"])
+def test_fused_weights_keep_their_split_points_and_nodes(split_by):
+    (spec,) = weights_from_graph(_fused_graph(split_by))
+    assert spec.role == "qkv_proj" and spec.nodes == ("qkv",)
+    assert spec.splits == (("q", 0, 32), ("k", 32, 48), ("v", 48, 64))
+    tiles = tile_weight(spec, 16, 16, 2)  # strips [0, 32) and [32, 64)
+    assert [t.parts for t in tiles] == [(("q", 0, 32),), (("k", 32, 48), ("v", 48, 64))]
+    assert all(t.nodes == ("qkv",) for t in tiles)
+
+
+def test_an_unfused_weight_has_no_splits():
+    g = _fused_graph("split")
+    split = next(n for n in g.nodes if n.op == "Split")
+    split.attrs["axis"] = 1  # not the last axis: not a column split
+    (spec,) = weights_from_graph(g)
+    assert spec.splits == ()
