@@ -99,6 +99,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="artifact directory to write")
     p.add_argument("--target", help="a shipped target name (see `aviatorc target list`) or a TOML file (default: corsair)")
     p.add_argument("--cards", type=int, help="build an N-card server from the target's card description")
+    p.add_argument("--chiplets", metavar="IDS",
+                   help="confine the placement to these chiplets, like '0-7,12' (models sharing a server)")
     p.add_argument("--quant", choices=QUANT_CHOICES, help="weight quantization")
     p.add_argument("--group-size", type=int, default=DEFAULTS.group_size,
                    help="int4 / mx group size along the reduction dim (32/64/128)")
@@ -209,7 +211,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         "passes": tuple(p.strip() for p in args.passes.split(",") if p.strip()) if args.passes else None,
         "print_ir_after_change": args.print_ir_after_change, "seed": args.seed, "time_limit_s": args.time_limit,
         "batch": args.batch, "context": args.context, "prompt": args.prompt, "prefetch": not args.no_prefetch,
-        "kv_cache": args.kv_cache, "kv_dtype": args.kv_dtype,
+        "kv_cache": args.kv_cache, "kv_dtype": args.kv_dtype, "chiplets": args.chiplets,
     }
     from aviatorc.plan.artifact import check_output_path
 

@@ -203,19 +203,20 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
     """Memory plan, partition, schedule and check: the placement and the plan."""
     import hashlib
 
+    from aviatorc.options import parse_chiplets
     from aviatorc.partition import make_problem, partition
     from aviatorc.partition.weights import weights_from_graph
     from aviatorc.schedule import Workload, model_facts, plan_memory, schedule
 
     weights = weights_from_graph(graph)
     workload = Workload(opts.batch, opts.context, opts.prompt)
-    allowed = list(range(target.num_chiplets))
-    tiles = make_problem(weights, target).tiles
+    allowed = list(parse_chiplets(opts.chiplets, target.num_chiplets) or range(target.num_chiplets))
+    tiles = make_problem(weights, target, chiplets=allowed).tiles
     memory = plan_memory(model_facts(graph, tiles), tiles, target, workload, chiplets=allowed, kv=opts.kv_cache,
                          kv_dtype=opts.kv_dtype)
     log(f"partitioning onto {target.name} ({target.num_chiplets} chiplets)")
     placement = partition(weights, target, time_limit_s=time_limit_s, seed=opts.seed,
-                          reserve_bytes=memory.reserve_bytes)
+                          reserve_bytes=memory.reserve_bytes, chiplets=allowed)
     report.data["placement"] = {k: v for k, v in placement.to_dict().items() if k != "solve_time_s"}
     timings["partition_s"] = placement.solve_time_s
     log(f"scheduling decode (batch {workload.batch}, context {workload.context}) and prefill "

@@ -7,6 +7,8 @@ validation lives here so both report the same errors.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from aviatorc.errors import OptionError
@@ -47,6 +49,9 @@ class CompileOptions:
     prefetch: bool = True  # overlap streamed weights' loads with compute (off: load just before use)
     kv_cache: str = "auto"  # "auto", "sram" or "lpddr"
     kv_dtype: str = "fp16"  # "fp16", "bf16" or "int8"
+    # Confine the placement to these chiplets (resident tiles and compute), so that models can
+    # share a server in isolation: "0-7,12" (--chiplets), range(0, 8) or a tuple; None: all.
+    chiplets: tuple[int, ...] | None = None
     extra: dict[str, object] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -77,3 +82,53 @@ class CompileOptions:
             raise OptionError(f"unknown KV cache type '{self.kv_dtype}'", hint=f"choose one of {', '.join(KV_DTYPE_CHOICES)}")
         if self.cards is not None and self.cards < 1:
             raise OptionError(f"cards (--cards) must be at least 1, got {self.cards}")
+        object.__setattr__(self, "chiplets", parse_chiplets(self.chiplets))
+
+
+def parse_chiplets(spec: str | Iterable[int] | None, num_chiplets: int | None = None) -> tuple[int, ...] | None:
+    """Chiplet ids from "0-7,12" (ranges inclusive), a range or an iterable of ints: sorted, unique.
+
+    With `num_chiplets` (the target's), every id must be below it. The one parser for the CLI
+    (--chiplets) and the API (chiplets=...); None stays None (every chiplet)."""
+    if spec is None:
+        return None
+    ids: set[int] = set()
+    if isinstance(spec, str):
+        for part in (p.strip() for p in spec.split(",")):
+            match = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", part)
+            if match is None:
+                raise OptionError(f"chiplets (--chiplets) '{spec}': cannot read '{part}'",
+                                  hint="write chiplet ids and inclusive ranges, like '0-7,12'")
+            first, last = int(match.group(1)), int(match.group(2) or match.group(1))
+            if last < first:
+                raise OptionError(f"chiplets (--chiplets) '{spec}': range '{part}' runs backwards",
+                                  hint="write the lower id first, like '0-7'")
+            ids.update(range(first, last + 1))
+    else:
+        try:
+            values = list(spec)
+        except TypeError:
+            raise OptionError(f"chiplets must be a string like '0-7,12', a range or ids, got {spec!r}") from None
+        for value in values:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise OptionError(f"chiplets: {value!r} is not a chiplet id (an int >= 0)")
+            ids.add(int(value))
+    if not ids:
+        raise OptionError("chiplets (--chiplets) names no chiplet", hint="like '0-7', or leave it out for all")
+    chosen = tuple(sorted(ids))
+    if num_chiplets is not None and chosen[-1] >= num_chiplets:
+        outside = [c for c in chosen if c >= num_chiplets]
+        raise OptionError(f"chiplets (--chiplets) {_ranges(outside)} not on the target, which has chiplets "
+                          f"0-{num_chiplets - 1}", hint=f"choose ids below {num_chiplets}, or more cards (--cards)")
+    return chosen
+
+
+def _ranges(ids: Sequence[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5"."""
+    runs: list[list[int]] = []
+    for c in ids:
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
