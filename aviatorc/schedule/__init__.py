@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from aviatorc.errors import InfeasibleError
 from aviatorc.ir import Graph
 from aviatorc.partition.placement import Placement
 from aviatorc.partition.tiling import WeightSpec
@@ -103,14 +104,24 @@ def _sweep(facts: ModelFacts, placement: Placement, weights: Sequence[WeightSpec
     out = []
     for batch, context in points:
         load = Workload(batch, context, workload.prompt)
-        trial = plan_memory(facts, placement.tiles, target, load, chiplets=allowed, kv="lpddr", kv_dtype=memory.kv.dtype)
+        try:
+            trial = plan_memory(facts, placement.tiles, target, load, chiplets=allowed, kv="lpddr",
+                                kv_dtype=memory.kv.dtype)
+        except InfeasibleError as error:  # this point's activations or staging do not fit beside the weights
+            out.append({"batch": batch, "context": context, "fits": False, "reason": error.message})
+            continue
+        if trial.reserve_bytes > memory.reserve_bytes:
+            out.append({"batch": batch, "context": context, "fits": False,
+                        "reason": "needs more SRAM beside the weights than this compile reserved"})
+            continue
         if memory.kv.location == "sram" and trial.kv.total_bytes <= memory.kv.total_bytes:
             trial = plan_memory(facts, placement.tiles, target, load, chiplets=allowed, kv="sram",
                                 kv_dtype=memory.kv.dtype)
         program = build_program(facts, placement, target, trial, load, "decode", chiplets=allowed, prefetch=prefetch)
         step = simulate(program, target, record=False).makespan_s
         bound = _bound(weights, target, load, trial, facts, allowed)
-        out.append({"batch": batch, "context": context, "kv_location": trial.kv.location, "time_per_token_s": step,
+        out.append({"batch": batch, "context": context, "fits": True, "kv_location": trial.kv.location,
+                    "time_per_token_s": step,
                     "tokens_per_s": batch / step if step else 0.0, "bound_s": bound.token_s,
                     "efficiency": bound.token_s / step if step else 0.0})
     return out

@@ -146,7 +146,7 @@ def activation_peak_bytes(facts: ModelFacts, target: Target, tokens: int, output
             if out.name in facts.score_values or out.name not in facts.value_elements:
                 continue
             factor = output_scale if out.name in facts.outputs else scale
-            nbytes = math.ceil(facts.value_elements[out.name] * max(1.0, factor) * element)
+            nbytes = math.ceil(facts.value_elements[out.name] * factor * element)
             if refuse and nbytes > target.chiplet.sram_bytes:
                 raise InfeasibleError(
                     f"activation '{out.name}' needs {_mib(nbytes)} ({facts.value_elements[out.name]:,} elements) "
