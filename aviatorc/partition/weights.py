@@ -15,7 +15,8 @@ the table's own data) is the same tensor. It becomes a linear `lm_head` spec wit
 (`tied_to=<head>`, 0 bytes, no tiles): see `tiling.py`. A quantized head (a `DequantizeWeight`
 of its own packed bytes) is a separate tensor and is not tied.
 
-Fused weights: a MatMul output (after an optional bias Add) read only by one `Split` on the
+Fused weights: a MatMul output (after an optional bias Add and column-keeping Reshapes) read
+only by one `Split` on the
 last axis (fuse-qkv, GPT-2's c_attn), or only by `Slice`s of the last axis that cover it
 (Phi-3's qkv_proj), gives `splits`: (role, n_start, n_stop) per part, roles "q", "k", "v"
 for a three-part attention projection, "gate", "up" for a two-part MLP one, else "part<i>".
@@ -156,6 +157,9 @@ def _splits(matmul: Node, n: int, role: str) -> tuple[Part, ...]:
         other = add.inputs[1] if add.inputs[0] is out else add.inputs[0]
         if other is not None and other.is_initializer:
             out = add.outputs[0]
+    # A view that keeps the columns ([B*S, N] -> [B, S, N], GPT-2's addmm then view).
+    while len(out.users) == 1 and out.users[0].op == "Reshape" and out.users[0].outputs[0].type.shape[-1:] == (n,):
+        out = out.users[0].outputs[0]
     users = out.users
     if not users:
         return ()

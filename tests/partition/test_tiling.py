@@ -193,3 +193,26 @@ def test_an_unfused_weight_has_no_splits():
     split.attrs["axis"] = 1  # not the last axis: not a column split
     (spec,) = weights_from_graph(g)
     assert spec.splits == ()
+
+
+def test_zoo_models_keep_their_fused_parts_and_tied_heads():
+    """GPT-2's c_attn (addmm, view, Split) has q/k/v parts and its head is tied to wte; a Llama
+    after fuse-qkv has one qkv_proj per layer (its role, not v_proj) split into 32 + 16 + 16."""
+    from aviatorc.passes.manager import PassContext, get_pass, run_passes
+
+    from aviatorc import zoo
+    from aviatorc.frontends.torch import import_torch
+    from aviatorc.options import CompileOptions
+
+    gpt2 = weights_from_graph(import_torch(zoo.build_model("gpt2"), zoo.example_inputs("gpt2")))
+    c_attn = [s for s in gpt2 if s.role == "c_attn"]
+    assert c_attn and all(s.splits == (("q", 0, 32), ("k", 32, 64), ("v", 64, 96)) for s in c_attn)
+    (head,) = [s for s in gpt2 if s.role == "lm_head"]
+    (table,) = [s for s in gpt2 if s.is_embedding]
+    assert head.tied_to == table.name and table.is_alias and len(head.nodes) == 2
+
+    graph = import_torch(zoo.build_model("llama"), zoo.example_inputs("llama"))
+    run_passes(graph, [get_pass("fuse-qkv")], PassContext(options=CompileOptions()))
+    fused = [s for s in weights_from_graph(graph) if "qkv_proj" in s.name]
+    assert len(fused) == 2 and all(s.role == "qkv_proj" for s in fused)
+    assert all(s.splits == (("q", 0, 32), ("k", 32, 48), ("v", 48, 64)) and len(s.nodes) == 1 for s in fused)
