@@ -1,0 +1,65 @@
+"""Real plans of the tiny llama for the plan checker and plan IR tests (fixtures: conftest.py).
+
+`CASES` names each plan: the default mock target (everything resident), small SRAM so that
+tiles stream, the KV cache streamed from LPDDR, prefetch off, two cards, and plans confined
+to a subset of the chiplets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aviatorc.ir import Graph
+from aviatorc.partition import make_problem, partition
+from aviatorc.partition.weights import weights_from_graph
+from aviatorc.plan.plan import Plan
+from aviatorc.schedule import Workload, model_facts, plan_memory, schedule
+from aviatorc.target import Target, load_target
+
+STREAMING_SRAM_BYTES = 16384  # the tiny llama's ~35 KB of int8 weights stream at this size on 4 chiplets
+WORKLOAD = Workload(batch=1, context=64, prompt=8)
+
+
+@dataclass(frozen=True)
+class Case:
+    cards: int = 1
+    sram_bytes: int | None = None  # None: the mock target's own
+    chiplets: tuple[int, ...] | None = None  # None: all
+    kv: str = "auto"
+    prefetch: bool = True
+
+
+CASES: dict[str, Case] = {
+    "resident": Case(),
+    "streaming": Case(sram_bytes=STREAMING_SRAM_BYTES),
+    "streaming-kv": Case(sram_bytes=STREAMING_SRAM_BYTES, kv="lpddr"),
+    "no-prefetch": Case(sram_bytes=STREAMING_SRAM_BYTES, kv="lpddr", prefetch=False),
+    "two-cards": Case(cards=2, sram_bytes=STREAMING_SRAM_BYTES),
+    "subset": Case(chiplets=(0, 1)),
+    "subset-streaming": Case(sram_bytes=32768, chiplets=(1, 2)),
+}
+
+
+@dataclass(frozen=True)
+class Built:
+    plan: Plan
+    target: Target
+
+
+def case_target(case: Case) -> Target:
+    overrides = {"chiplet.sram_bytes": case.sram_bytes} if case.sram_bytes else None
+    return load_target("mock", cards=case.cards, overrides=overrides)
+
+
+def build(graph: Graph, case: Case) -> Built:
+    """The recipe the compiler follows: memory sizing, then the partition, then the schedule."""
+    target = case_target(case)
+    allowed = case.chiplets or tuple(range(target.num_chiplets))
+    weights = weights_from_graph(graph)
+    problem = make_problem(weights, target)
+    memory = plan_memory(model_facts(graph, problem.tiles), problem.tiles, target, WORKLOAD, chiplets=allowed,
+                         kv=case.kv)
+    placement = partition(weights, target, reserve_bytes=memory.reserve_bytes, chiplets=allowed)
+    plan = schedule(graph, placement, weights, target, WORKLOAD, memory, chiplets=allowed, prefetch=case.prefetch,
+                    sweep=False)
+    return Built(plan, target)
