@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from aviatorc.errors import InfeasibleError, OptionError
 from aviatorc.partition.tiling import Tile
@@ -91,9 +92,16 @@ class Problem:
     def num_cards(self) -> int:
         return self.target.cards
 
-    def chiplets_of_card(self, card: int) -> list[int]:
+    def chiplets_of_card(self, card: int) -> tuple[int, ...]:
         """The allowed chiplets on `card`."""
-        return [c for c in self.chiplets if self.target.card_of(c) == card]
+        return self._by_card.get(card, ())
+
+    @cached_property
+    def _by_card(self) -> dict[int, tuple[int, ...]]:
+        by_card: dict[int, list[int]] = {}
+        for c in self.chiplets:
+            by_card.setdefault(self.target.card_of(c), []).append(c)
+        return {h: tuple(chips) for h, chips in by_card.items()}
 
 
 def resolve_chiplets(target: Target, chiplets: Iterable[int] | None) -> tuple[int, ...]:
@@ -241,14 +249,14 @@ def handoff_ps(source: int, dest: int, nbytes: int, target: Target) -> int:
     return 0 if link is None else round(link.transfer_s(nbytes) * PS)
 
 
-def _marginal_edge(problem: Problem, c: int, used: set[int], edge: tuple[int, int, int]) -> int:
-    """What adding chiplet c to `used` adds to the broadcast tree."""
-    target = problem.target
+def _marginal_edge(problem: Problem, c: int, used: set[int], packages: set[int], cards: set[int],
+                   edge: tuple[int, int, int]) -> int:
+    """What adding chiplet c to `used` (on `packages` and `cards`) adds to the broadcast tree."""
     if not used or c in used:
         return 0
-    if any(target.package_of(u) == target.package_of(c) for u in used):
+    if problem.target.package_of(c) in packages:
         return edge[0]
-    if any(target.card_of(u) == target.card_of(c) for u in used):
+    if problem.target.card_of(c) in cards:
         return edge[1]
     return edge[2]
 
@@ -277,16 +285,20 @@ def compute_chiplets(problem: Problem, where: Sequence[int], tiles: Sequence[int
     for g in sorted(members):
         load = dict(resident_load.get(g, {}))
         used = set(load)
+        packages = {problem.target.package_of(c) for c in used}
+        cards = {problem.target.card_of(c) for c in used}
         edge = problem.edge_ps[g]
         for t in sorted(members[g], key=lambda t: (-problem.work_ps[t], t)):
             busiest = max(load.values(), default=0)
             work = problem.work_ps[t]
             c = min(problem.chiplets_of_card(where[t] - num_c),
-                    key=lambda c: (max(0, load.get(c, 0) + work - busiest) + _marginal_edge(problem, c, used, edge),
-                                   load.get(c, 0), c))  # noqa: B023 - used at once, inside the loop
+                    key=lambda c: (max(0, load.get(c, 0) + work - busiest)  # noqa: B023 - used at once, in the loop
+                                   + _marginal_edge(problem, c, used, packages, cards, edge), load.get(c, 0), c))
             compute[t] = c
             load[c] = load.get(c, 0) + work
             used.add(c)
+            packages.add(problem.target.package_of(c))
+            cards.add(problem.target.card_of(c))
     return compute
 
 
