@@ -115,7 +115,6 @@ class CompileResult:
         """The artifact's files by name (see `aviatorc.plan.artifact`)."""
         from aviatorc.plan.artifact import WEIGHTS, encode_tensors, to_json_bytes
         from aviatorc.plan.weights import pack_weights
-        from aviatorc.schedule import simulate
         from aviatorc.schedule.trace import chrome_trace
 
         files = {"graph.ir": print_graph(self.graph).encode(), "report.json": self.report.to_json().encode()}
@@ -127,8 +126,7 @@ class CompileResult:
             files[WEIGHTS], plan["tensor_dtypes"] = encode_tensors(tensors)
         files["plan.json"] = to_json_bytes(plan)
         files["target.toml"] = self.target.to_toml().encode()
-        timeline = simulate(self.plan.programs["decode"], self.target)
-        files["trace.json"] = to_json_bytes(chrome_trace(timeline))
+        files["trace.json"] = to_json_bytes(chrome_trace(self.plan.decode_timeline))
         return files
 
     def save(self, path: str | os.PathLike[str]) -> Path:

@@ -18,8 +18,14 @@ def import_model(source: Any, example_inputs: Any = None, **options: Any) -> Gra
 
     source: a path to an `.onnx` file, a Hugging Face `config.json` (or a folder holding one;
     imported shape-only), a `torch.nn.Module` (with `example_inputs`: a tuple of positional
-    tensors or a dict of keyword tensors), or a `torch.fx.GraphModule`.
+    tensors or a dict of keyword tensors), a `torch.fx.GraphModule`, or an aviatorc IR `Graph`
+    (verified and copied, so a pipeline that already holds the IR can compile it several ways).
     """
+    if isinstance(source, Graph):
+        from aviatorc.ir import verify
+
+        verify(source)
+        return source.clone()
     if isinstance(source, (str, Path)):
         path = Path(source)
         if path.is_dir() and (path / "config.json").is_file():

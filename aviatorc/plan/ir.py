@@ -112,7 +112,9 @@ def instr(op: str, operand: Any = None, **fields: Any) -> Instr:
         if name not in fields:
             raise ValueError(f"'{op}' needs field '{name}'")
         value = fields[name]
-        args[name] = tuple(value) if kind is tuple else kind(value)
+        if kind is tuple and not isinstance(value, (list, tuple)):
+            raise ValueError(f"'{op}' field '{name}' must be a list, not {value!r}")
+        args[name] = tuple(str(v) for v in value) if kind is tuple else kind(value)
     return Instr(op, args)
 
 
@@ -194,7 +196,7 @@ class Program:
                 program.add_buffer(Buffer(str(name), int(chiplet), int(nbytes), str(kind), str(tile)))
             for chiplet, items in data["streams"].items():
                 program.streams[int(chiplet)] = [_instr_from_list(item) for item in items]
-        except (KeyError, TypeError, ValueError) as error:
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as error:
             raise ModelFormatError(f"malformed plan program: {error}") from None
         if program.phase not in PHASES:
             raise ModelFormatError(f"unknown plan phase '{program.phase}'")
@@ -253,7 +255,8 @@ def format_instr(ins: Instr) -> str:
     return " ".join(parts)
 
 
-_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[^\s]+')
+# A token runs to the next space outside quotes: `node="a b"` and `bufs="x y",z` are one token each.
+_TOKEN = re.compile(r'(?:"(?:[^"\\]|\\.)*"|[^\s"])+')
 
 
 def _unword(text: str) -> str:
@@ -266,8 +269,13 @@ def parse_program(text: str) -> Program:
     if not lines or not lines[0].startswith("program "):
         raise ModelFormatError("plan text must start with 'program PHASE ...'")
     head = lines[0].split()
-    kv = dict(part.split("=", 1) for part in head[2:])
-    program = Program(head[1], Workload(int(kv["batch"]), int(kv["context"]), int(kv["prompt"])))
+    try:
+        kv = dict(part.split("=", 1) for part in head[2:])
+        program = Program(head[1], Workload(int(kv["batch"]), int(kv["context"]), int(kv["prompt"])))
+    except (KeyError, ValueError, IndexError) as error:
+        raise ModelFormatError(f"plan text line 1: malformed header ({error}): {lines[0]}") from None
+    if program.phase not in PHASES:
+        raise ModelFormatError(f"plan text line 1: unknown phase '{program.phase}' (expected one of {', '.join(PHASES)})")
     chiplet: int | None = None
     for number, line in enumerate(lines[1:], start=2):
         try:
@@ -277,7 +285,11 @@ def parse_program(text: str) -> Program:
                 program.add_buffer(Buffer(_unword(tokens[1]), int(fields["chiplet"]), int(fields["bytes"]),
                                           fields["kind"], _unword(fields.get("tile", ""))))
             elif line.startswith("stream "):
+                if chiplet is not None:
+                    raise ValueError(f"stream {chiplet} is not closed")
                 chiplet = int(line.split()[1])
+                if chiplet in program.streams:
+                    raise ValueError(f"stream {chiplet} appears twice")
                 program.streams[chiplet] = []
             elif line == "}":
                 chiplet = None
@@ -287,6 +299,8 @@ def parse_program(text: str) -> Program:
                 raise ValueError("instruction outside a stream")
         except (KeyError, ValueError, IndexError) as error:
             raise ModelFormatError(f"plan text line {number}: {error}: {line}") from None
+    if chiplet is not None:
+        raise ModelFormatError(f"plan text: stream {chiplet} is not closed with '}}'")
     return program
 
 

@@ -30,6 +30,7 @@ class Plan:
     cold_start: dict[str, Any]
     prefetch: bool = True
     notes: list[str] = field(default_factory=list)
+    decode_timeline: Any = None  # the simulated decode step (not serialized: trace.json is its export)
 
     def tile_records(self) -> list[dict[str, Any]]:
         num_c = self.placement.num_chiplets

@@ -44,7 +44,7 @@ def schedule(graph: Graph, placement: Placement, weights: Sequence[WeightSpec], 
     allowed = tuple(sorted(chiplets if chiplets is not None else range(target.num_chiplets)))
     programs = {phase: build_program(facts, placement, target, memory, workload, phase, chiplets=allowed,
                                      prefetch=prefetch) for phase in ("decode", "prefill")}
-    decode = simulate(programs["decode"], target, record=False)
+    decode = simulate(programs["decode"], target)  # recorded: the artifact's trace.json
     prefill = simulate(programs["prefill"], target, record=False)
     chunks = math.ceil(workload.tokens("prefill") / memory.prefill_chunk_tokens)
     ttft = prefill.makespan_s * chunks
@@ -72,7 +72,7 @@ def schedule(graph: Graph, placement: Placement, weights: Sequence[WeightSpec], 
     if not facts.kv_width:
         notes.append("no k/v projections recognized: the KV cache is not modelled")
     return Plan(target.name, target_sha256, placement, workload, allowed, programs, memory.describe(), prediction,
-                cold.to_dict(), prefetch, notes)
+                cold.to_dict(), prefetch, notes, decode)
 
 
 def _phase_figures(timeline: Timeline, batch: int) -> dict[str, float]:

@@ -62,9 +62,6 @@ def test_text_quotes_names_that_need_it() -> None:
     assert parsed.streams == program.streams and parsed.buffers == program.buffers
 
 
-@pytest.mark.xfail(strict=True, reason="plan IR bug: the text tokenizer (_TOKEN, aviatorc/plan/ir.py:256) splits "
-                   "a field token like node=\"a b\" at its space, so a node, bufs, part or tile with whitespace "
-                   "is written but cannot be read back")
 @pytest.mark.parametrize("field", ["node", "bufs", "tile"])
 def test_text_field_values_with_spaces(field: str) -> None:
     name = "a b"
@@ -104,8 +101,6 @@ def test_malformed_text(text: str, message: str) -> None:
     assert str(info.value).startswith(message)
 
 
-@pytest.mark.xfail(strict=True, reason="plan IR bug: parse_program reads the 'program' header outside its try "
-                   "(aviatorc/plan/ir.py:269-270), so a bad or missing header field raises ValueError/KeyError")
 @pytest.mark.parametrize("header", ["program decode batch=x context=4 prompt=2", "program decode batch=1",
                                     "program decode batch"])
 def test_malformed_text_header(header: str) -> None:
@@ -113,15 +108,11 @@ def test_malformed_text_header(header: str) -> None:
         parse_program(GOOD_TEXT.replace("program decode batch=1 context=4 prompt=2", header))
 
 
-@pytest.mark.xfail(strict=True, reason="plan IR bug: parse_program accepts an unknown phase, which "
-                   "Program.from_dict refuses (aviatorc/plan/ir.py:270 never checks PHASES)")
 def test_text_with_an_unknown_phase() -> None:
     with pytest.raises(ModelFormatError, match="unknown plan phase 'bogus'"):
         parse_program(GOOD_TEXT.replace("program decode", "program bogus"))
 
 
-@pytest.mark.xfail(strict=True, reason="plan IR bug: a second 'stream 0 {' replaces the first stream's "
-                   "instructions without a word (aviatorc/plan/ir.py:281)")
 def test_text_with_a_stream_declared_twice() -> None:
     with pytest.raises(ModelFormatError):
         parse_program(GOOD_TEXT + "stream 0 {\n}\n")
@@ -150,9 +141,6 @@ def test_malformed_dict(change: Callable[[dict[str, Any]], Any], message: str) -
     assert str(info.value).startswith(message)
 
 
-@pytest.mark.xfail(strict=True, reason="plan IR bug: Program.from_dict catches KeyError/TypeError/ValueError "
-                   "only (aviatorc/plan/ir.py:197): an empty instruction raises IndexError (ir.py:228) and "
-                   "streams given as a list raise AttributeError (ir.py:195)")
 @pytest.mark.parametrize("streams", [{"0": [[]]}, []])
 def test_malformed_dict_streams(streams: Any) -> None:
     with pytest.raises(ModelFormatError):

@@ -1,0 +1,157 @@
+"""Benchmark: plans against the physical bound, the seed article's claims, and compile time.
+
+Every figure comes from `aviatorc.compile` (the pipeline itself: memory plan, partition,
+schedule, simulation) on shape-only Llama-architecture configs (`aviatorc.models`):
+
+1. Efficiency (bound / simulated time per token) in the bandwidth-bound regime: Llama-3-70B
+   INT4 on 4 `corsair` cards and Llama-3-8B INT4 on one, at batch 1 and 16, each with and
+   without prefetch (`prefetch=False`: every streamed load waits for its use). Goal: >= 0.9.
+2. Claims: a dense 120B model ("seed-120b": hidden 10240, 96 layers, GQA 80/8, FFN 32768) on 4 cards of
+   `corsair-seed` and of `corsair` next to the seed article's 35 ms/token and 4 s cold start;
+   Llama-3-8B on 1 and 8 cards next to the vendor's ~1 ms/token.
+3. Compile time: `aviatorc compile` of the Llama-3-70B config.json (INT4, 4 cards) end to end
+   in a fresh process, wall clock. Goal: <= 120 s on this 2-core machine.
+
+    python tools/bench_plan.py              # everything (about 15 minutes)
+    python tools/bench_plan.py --quick      # the 8B rows only
+
+Writes `tools/results/bench_plan.md`; `python tools/update_benchmarks.py` puts it in BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aviatorc
+from aviatorc.frontends import import_model
+from aviatorc.models import llama_config
+
+RESULTS = Path(__file__).resolve().parent / "results" / "bench_plan.md"
+CONTEXT, PROMPT = 2048, 128
+SEED_ARTICLE = {"time_per_token_s": 35e-3, "cold_start_s": 4.0}
+VENDOR_8B_S = 1e-3
+# The issue's "120B dense Llama-like model": hidden 10240, 96 layers, GQA 80/8, FFN 32768 (vocab from dense-120b).
+SEED_120B = {"hidden_size": 10240, "num_hidden_layers": 96, "num_attention_heads": 80, "num_key_value_heads": 8,
+             "intermediate_size": 32768}
+
+
+def compile_case(graph: Any, target: str, cards: int, batch: int, prefetch: bool = True) -> dict[str, Any]:
+    started = time.perf_counter()
+    result = aviatorc.compile(graph, target=target, cards=cards, quant="int4", batch=batch, context=CONTEXT,
+                              prompt=PROMPT, prefetch=prefetch)
+    p = result.plan.prediction
+    placement = result.placement
+    return {"target": target, "cards": cards, "batch": batch, "prefetch": prefetch,
+            "time_per_token_s": p["time_per_token_s"], "bound_s": p["bound"]["token_s"],
+            "efficiency": p["efficiency"], "tokens_per_s": p["tokens_per_s"], "ttft_s": p["ttft_s"],
+            "ttft_bound_s": p["bound"]["ttft_s"], "cold_start_s": p["cold_start_s"],
+            "cold_start_naive_s": p["cold_start_naive_order_s"], "cold_bound_s": p["bound"]["cold_s"],
+            "lpddr_busy": p["decode"]["lpddr_busy_fraction_max"], "kv_location": result.plan.memory["kv_location"],
+            "streamed_bytes": placement.streamed_bytes, "resident_bytes": placement.resident_bytes,
+            "status": placement.status, "compile_s": time.perf_counter() - started}
+
+
+def shape_only(name: str, folder: Path, base: str | None = None, **overrides: Any) -> Any:
+    path = folder / name / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(llama_config(base or name) | overrides))
+    return import_model(path)
+
+
+def compile_time(folder: Path) -> float:
+    config = folder / "llama-3-70b" / "config.json"
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "aviatorc", "compile", str(config), "--cards", "4", "--quant", "int4",
+                    "-o", str(folder / "l70.avc"), "-q"], check=True)
+    return time.perf_counter() - started
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="only the Llama-3-8B rows")
+    args = parser.parse_args(argv)
+    rows: list[dict[str, Any]] = []
+    claims: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        models = ["llama-3-8b"] if args.quick else ["llama-3-8b", "llama-3-70b"]
+        for name in models:
+            graph = shape_only(name, folder)
+            cards = 4 if name == "llama-3-70b" else 1
+            for batch in (1, 16):
+                for prefetch in (True, False):
+                    row = {"model": name} | compile_case(graph, "corsair", cards, batch, prefetch)
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+            if name == "llama-3-8b":
+                claims.append({"model": name, "claim": "vendor: about 1 ms/token", "claim_s": VENDOR_8B_S}
+                              | compile_case(graph, "corsair", 8, 1))
+                print(json.dumps(claims[-1]), flush=True)
+        seconds = None
+        if not args.quick:
+            graph = shape_only("seed-120b", folder, "dense-120b", **SEED_120B)
+            for target in ("corsair-seed", "corsair"):
+                claims.append({"model": "seed-120b", "claim": "seed article: 35 ms/token, 4 s cold start",
+                               "claim_s": SEED_ARTICLE["time_per_token_s"]} | compile_case(graph, target, 4, 1))
+                print(json.dumps(claims[-1]), flush=True)
+            seconds = compile_time(folder)
+            print(f"compile time, Llama-3-70B INT4 x4: {seconds:.1f} s", flush=True)
+    RESULTS.write_text(report(rows, claims, seconds))
+    print(f"wrote {RESULTS}")
+    return 0
+
+
+def report(rows: list[dict[str, Any]], claims: list[dict[str, Any]], compile_s: float | None) -> str:
+    lines = ["## Plans against the physical bound (`tools/bench_plan.py`)", "",
+             f"Shape-only configs, INT4 (g32) weights, FP16 embeddings, context {CONTEXT}, prompt {PROMPT}, "
+             "`corsair` (LPDDR 0.5 TB/s per card assumed). Time per token is the simulated decode step "
+             "(`aviatorc.schedule.simulate`); the bound is computed apart from it (DESIGN.md); "
+             "efficiency = bound / simulated.", "",
+             "| model | cards | batch | prefetch | ms/token | bound ms | efficiency | tokens/s | LPDDR busy | KV in | "
+             "TTFT ms | TTFT bound ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['cards']} | {r['batch']} | {'on' if r['prefetch'] else 'off'} | "
+                     f"{ms(r['time_per_token_s'])} | {ms(r['bound_s'])} | {r['efficiency']:.3f} | "
+                     f"{r['tokens_per_s']:,.1f} | {r['lpddr_busy']:.3f} | {r['kv_location']} | {ms(r['ttft_s'])} | "
+                     f"{ms(r['ttft_bound_s'])} |")
+    goal = [r for r in rows if r["prefetch"]]
+    if goal:
+        worst = min(goal, key=lambda r: r["efficiency"])
+        lines += ["", f"Goal: efficiency >= 0.9 with prefetch. Worst: {worst['efficiency']:.3f} "
+                      f"({worst['model']}, batch {worst['batch']}): "
+                      f"{'met' if worst['efficiency'] >= 0.9 else 'NOT met'}."]
+    if claims:
+        lines += ["", "### Claims", "",
+                  "| model | target | cards | ms/token | claim | bound ms | cold start s (first-use order) | "
+                  "cold start s (name order) | cold bound s |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for c in claims:
+            lines.append(f"| {c['model']} | {c['target']} | {c['cards']} | {ms(c['time_per_token_s'])} | {c['claim']} | "
+                         f"{ms(c['bound_s'])} | {c['cold_start_s']:.3f} | {c['cold_start_naive_s']:.3f} | "
+                         f"{c['cold_bound_s']:.3f} |")
+        lines += ["", "What drives the gaps: the LPDDR bandwidth (0.5 TB/s per card) is our assumption, not a "
+                      "published figure, and sets every streaming figure; the per-layer latency (28 us, from the "
+                      "vendor's own claims) sets the SRAM-resident ones (Llama-3-8B on 8 cards: 32 layers x 28 us "
+                      "~ 0.9 ms); cold start is PCIe Gen5 x16 (64 GB/s per card) with no storage limit, and the "
+                      "article's 4 s presumably includes storage reads, which the target does not model."]
+    if compile_s is not None:
+        lines += ["", f"Compile time: `aviatorc compile` of the Llama-3-70B config.json (shape-only, INT4, 4 cards) "
+                      f"end to end in a fresh process: {compile_s:.1f} s wall (goal <= 120 s): "
+                      f"{'met' if compile_s <= 120 else 'NOT met'}."]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
