@@ -275,7 +275,7 @@ def parse_program(text: str) -> Program:
     except (KeyError, ValueError, IndexError) as error:
         raise ModelFormatError(f"plan text line 1: malformed header ({error}): {lines[0]}") from None
     if program.phase not in PHASES:
-        raise ModelFormatError(f"plan text line 1: unknown phase '{program.phase}' (expected one of {', '.join(PHASES)})")
+        raise ModelFormatError(f"plan text line 1: unknown plan phase '{program.phase}' (expected one of {', '.join(PHASES)})")
     chiplet: int | None = None
     for number, line in enumerate(lines[1:], start=2):
         try:
