@@ -204,6 +204,7 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
     from aviatorc.options import parse_chiplets
     from aviatorc.partition import make_problem, partition
     from aviatorc.partition.weights import weights_from_graph
+    from aviatorc.plan.check import check_plan
     from aviatorc.schedule import Workload, model_facts, plan_memory, schedule
 
     weights = weights_from_graph(graph)
@@ -222,6 +223,7 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
     started = time.perf_counter()
     plan = schedule(graph, placement, weights, target, workload, memory, chiplets=allowed, prefetch=opts.prefetch,
                     target_sha256=hashlib.sha256(target.to_toml().encode()).hexdigest())
+    check_plan(plan, target)  # independent of the scheduler: a failure here is an aviatorc bug
     timings["schedule_s"] = round(time.perf_counter() - started, 3)
     report.data["plan"] = {"memory": plan.memory, "prediction": plan.prediction, "notes": plan.notes,
                            "instructions": {phase: p.count() for phase, p in sorted(plan.programs.items())}}

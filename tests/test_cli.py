@@ -57,7 +57,7 @@ def test_compile_writes_ir_and_report(tmp_path):
     out = tmp_path / "mlp.avc"
     result = run_cli("compile", str(path), "-o", str(out), "--target", "mock", "--quant", "int8", "-q")
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["graph.ir", "report.json", "timings.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["graph.ir", "manifest.json", "plan.json", "report.json", "target.toml", "trace.json", "weights.safetensors"]
     report = json.loads((out / "report.json").read_text())
     assert report["weights"]["bytes_by_format"] == {"int8": (64 * 128 + 128 * 2) + (128 * 64 + 64 * 2)}
     assert report["placement"]["status"] in ("optimal", "feasible", "greedy")
@@ -72,9 +72,8 @@ def test_same_inputs_give_byte_identical_output(tmp_path):
     for name in ("a.avc", "b.avc"):
         assert run_cli("compile", str(path), "-o", str(tmp_path / name), "--target", "mock", "--quant", "int4",
                        "-q").returncode == 0
-        outputs.append([(tmp_path / name / f).read_bytes() for f in ("graph.ir", "report.json")])
-    assert outputs[0] == outputs[1]  # wall-clock figures live in timings.json only
-    assert "import_s" in json.loads((tmp_path / "a.avc" / "timings.json").read_text())
+        outputs.append({f.name: f.read_bytes() for f in (tmp_path / name).iterdir()})
+    assert len(outputs[0]) == 7 and outputs[0] == outputs[1]  # no wall-clock figure is written anywhere
 
 
 def test_compile_never_deletes_a_folder_that_is_not_an_artifact(tmp_path):
@@ -89,7 +88,31 @@ def test_compile_never_deletes_a_folder_that_is_not_an_artifact(tmp_path):
     out = tmp_path / "m.avc"
     assert run_cli("compile", str(path), "-o", str(out), "-q").returncode == 0
     assert run_cli("compile", str(path), "-o", str(out), "-q").returncode == 0
-    assert sorted(p.name for p in out.iterdir()) == ["graph.ir", "report.json", "timings.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["graph.ir", "manifest.json", "plan.json", "report.json", "target.toml", "trace.json", "weights.safetensors"]
+
+
+def test_compile_defaults_to_corsair_and_stores_fp32_weights_in_its_16_bit_format(tmp_path):
+    path = mlp_onnx(tmp_path / "mlp.onnx")
+    result = run_cli("compile", str(path), "-o", str(tmp_path / "d.avc"))
+    assert result.returncode == 0, result.stderr
+    assert "unquantized weights are stored as fp16" in result.stdout and "predicted decode" in result.stdout
+    report = json.loads((tmp_path / "d.avc" / "report.json").read_text())
+    assert report["placement"]["target"] == "corsair"
+    assert report["weights"]["bytes_by_format"] == {"fp16": (64 * 128 + 128 * 64) * 2}
+    # A target that holds fp32 keeps the weights exact.
+    assert run_cli("compile", str(path), "-o", str(tmp_path / "m.avc"), "--target", "mock", "-q").returncode == 0
+    report = json.loads((tmp_path / "m.avc" / "report.json").read_text())
+    assert report["weights"]["bytes_by_format"] == {"fp32": (64 * 128 + 128 * 64) * 4}
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_compiling(tmp_path):
+    path = mlp_onnx(tmp_path / "mlp.onnx")
+    (tmp_path / "notes.txt").write_text("a file, not a folder")
+    result = run_cli("compile", str(path), "-o", str(tmp_path / "notes.txt" / "x.avc"))
+    assert result.returncode == 1
+    assert f"cannot write the output '{tmp_path / 'notes.txt' / 'x.avc'}': '{tmp_path / 'notes.txt'}' is a file" \
+        in result.stderr
+    assert "importing" not in result.stdout and "Traceback" not in result.stderr
 
 
 def test_unknown_api_option_gets_did_you_mean(tmp_path):
@@ -119,7 +142,7 @@ def test_unsupported_ops_fail_in_one_line_and_write_nothing(tmp_path):
         (["--passes", "fuse-qvk"], "unknown pass 'fuse-qvk'; did you mean 'fuse-qkv'?"),
         (["--quant", "int4", "--group-size", "48"], "group size 48 is not supported"),
         (["--target", "corsiar"], "corsiar"),
-        (["--cards", "2"], "cards (--cards) needs a target"),
+        (["--batch", "0"], "batch (--batch) must be at least 1, got 0"),
     ],
 )
 def test_bad_options_get_clear_errors(tmp_path, args, message):

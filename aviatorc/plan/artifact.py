@@ -127,6 +127,8 @@ def check_output_path(out: str | os.PathLike[str]) -> None:
     parent = path.parent
     while not parent.exists():
         parent = parent.parent
+    if not parent.is_dir():
+        raise OptionError(f"cannot write the output '{path}': '{parent}' is a file, not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OptionError(f"cannot write the output '{path}': '{parent}' is not writable")
 
