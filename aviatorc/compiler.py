@@ -72,6 +72,9 @@ class Report:
         plan = self.data.get("plan")
         if plan:
             lines += plan_summary(plan)
+            if self.data.get("model", {}).get("shape_only"):
+                lines.append("shape-only model: the artifact holds the plan but no weights (weights.safetensors "
+                             "is not written)")
         return "\n".join(lines)
 
 
@@ -176,6 +179,7 @@ def compile(  # noqa: A001 - the public verb is `aviatorc.compile`
     log(f"imported {len(graph.nodes)} nodes, {len(graph.initializers)} initializers in {timings['import_s']:.1f} s")
     batches = check_calibration(graph, calibration)
     reference = graph.clone() if batches and (opts.quant or opts.sparsity) else None
+    rounding = _sixteen_bit_error(graph, opts.quant) if storage_note is not None else None
 
     report = Report({"report_version": REPORT_VERSION, "source": _describe(source),
                      "options": _options_dict(opts), "model": summarize(graph).to_dict()})
@@ -186,6 +190,9 @@ def compile(  # noqa: A001 - the public verb is `aviatorc.compile`
     timings["passes_s"] = {f"{i}:{r.name}": round(r.seconds, 4) for i, r in enumerate(records)}
     report.data["weights"] = _weight_accounting(graph)
     if storage_note is not None:
+        if rounding is not None:
+            storage_note += (f"; measured: the worst weight's relative RMS rounding error is {rounding:.2e}"
+                             + ("" if batches else " (pass calibration data for the end-to-end accuracy)"))
         report.data["weights"]["storage_note"] = storage_note
     if reference is not None:
         from aviatorc.accuracy import accuracy_report
@@ -282,6 +289,27 @@ def load_calibration_npz(path: str | os.PathLike[str]) -> list[dict[str, np.ndar
                           file=str(path))
     n = next(iter(counts.values()))
     return [{key: a[i] for key, a in arrays.items()} for i in range(n)]
+
+
+def _sixteen_bit_error(graph: Graph, kind: str | None) -> float | None:
+    """The worst relative RMS error that storing each float32 MatMul weight in `kind` introduces
+    (None for a shape-only graph)."""
+    worst = None
+    for node in graph.nodes:
+        value = node.inputs[1] if node.op == "MatMul" and len(node.inputs) > 1 else None
+        if value is None or value.data is None or value.type.dtype != "float32" or not value.data.available:
+            continue
+        w = value.data.load().astype(np.float32)
+        if kind == "bf16":
+            import ml_dtypes
+
+            rounded = w.astype(ml_dtypes.bfloat16).astype(np.float32)
+        else:
+            rounded = w.astype(np.float16).astype(np.float32)
+        norm = float(np.linalg.norm(w))
+        error = float(np.linalg.norm(w - rounded)) / norm if norm else 0.0
+        worst = error if worst is None else max(worst, error)
+    return worst
 
 
 def _weight_accounting(graph: Graph) -> dict[str, Any]:

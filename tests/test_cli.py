@@ -97,6 +97,9 @@ def test_compile_defaults_to_corsair_and_stores_fp32_weights_in_its_16_bit_forma
     assert result.returncode == 0, result.stderr
     assert "unquantized weights are stored as fp16" in result.stdout and "predicted decode" in result.stdout
     report = json.loads((tmp_path / "d.avc" / "report.json").read_text())
+    # standard normal weights in fp16: about 2^-11 / sqrt(3) relative RMS rounding error
+    error = float(report["weights"]["storage_note"].split("rounding error is ")[1].split(" ")[0])
+    assert 1e-4 < error < 4e-4
     assert report["placement"]["target"] == "corsair"
     assert report["weights"]["bytes_by_format"] == {"fp16": (64 * 128 + 128 * 64) * 2}
     # A target that holds fp32 keeps the weights exact.
