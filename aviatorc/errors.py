@@ -110,3 +110,7 @@ class PassError(AviatorError):
         self.history = list(history)
         ran = ", ".join(self.history) if self.history else "none"
         super().__init__(f"pass '{pass_name}' failed: {message} (passes before it: {ran})", **kwargs)
+
+
+class UnsupportedModelError(AviatorError):
+    """The model is well-formed but of a kind aviatorc does not build (a model type or class)."""

@@ -6,17 +6,19 @@ a 70B-parameter model is planned in about half a gigabyte of memory.
 
 Batch and sequence length are symbolic by default (`torch.export.Dim("batch")`,
 `Dim("seq")`, which torch.export handles on the meta device); pass ints for static sizes.
-The architecture is the config's `architectures[0]` when `transformers` has that class,
-else `AutoModel` for encoder-only model types (BERT), else `AutoModelForCausalLM`.
+The config is validated first (`aviatorc.frontends.hf_config`): a strict JSON read, the
+shape fields' types, ranges and divisibility, and `architectures[0]` from an allow-list
+(the model type's causal-LM or base model class); without `architectures`, `AutoModel`
+for encoder-only model types (BERT), else `AutoModelForCausalLM`.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aviatorc.errors import AviatorError, ModelFormatError, OptionError
+from aviatorc.errors import AviatorError, OptionError
+from aviatorc.frontends import hf_config
 
 if TYPE_CHECKING:
     import torch
@@ -36,36 +38,28 @@ EXAMPLE_SEQ = 7
 
 
 def load_config(path: str | Path) -> tuple[Path, dict[str, Any]]:
-    """The config.json path (a folder may be given) and its parsed contents."""
+    """The config.json path (a folder may be given) and its parsed, field-checked contents."""
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
+    config = hf_config.read_config(path)
     try:
-        text = path.read_text()
-    except OSError as error:
-        raise ModelFormatError(f"cannot read the config: {error.strerror}", file=str(path)) from None
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ModelFormatError(f"config is not valid JSON: {error.msg} (line {error.lineno})", file=str(path)) from None
-    if not isinstance(config, dict) or "model_type" not in config:
-        raise ModelFormatError("config has no 'model_type'", file=str(path),
-                               hint="pass a Hugging Face config.json (it names its model_type)")
+        hf_config.check_fields(config)
+    except AviatorError as error:
+        raise error.with_file(str(path)) from None
     return path, config
 
 
 def build_meta_model(config: dict[str, Any], *, on_meta: bool = True, seed: int = 0) -> torch.nn.Module:
-    """The `transformers` model for `config`, on the meta device (no weights) unless `on_meta` is False."""
+    """The `transformers` model for `config`, on the meta device (no weights) unless `on_meta` is False.
+
+    `config` must have passed `hf_config.check_fields` (as `load_config` does)."""
     import torch
     import transformers
 
-    fields = {k: v for k, v in config.items() if k not in ("model_type", "transformers_version")}
-    try:
-        cfg = transformers.AutoConfig.for_model(config["model_type"], **fields)
-    except (ValueError, KeyError) as error:
-        raise ModelFormatError(f"transformers does not know model_type '{config['model_type']}': {error}") from None
+    hf_config.check_fields(config)
+    cfg, model_class = hf_config.check_with_transformers(config)
     cfg._attn_implementation = "sdpa"  # one aten.scaled_dot_product_attention per layer
-    model_class = _model_class(config)
     context = torch.device("meta") if on_meta else _seeded(seed)
     with context:
         if model_class is not None:
@@ -77,6 +71,7 @@ def build_meta_model(config: dict[str, Any], *, on_meta: bool = True, seed: int 
                 model = transformers.AutoModelForCausalLM.from_config(cfg)
             except ValueError:
                 model = transformers.AutoModel.from_config(cfg)
+    hf_config.check_built(model)
     return model.eval()
 
 
@@ -89,16 +84,6 @@ def _seeded(seed: int) -> Any:
     return contextlib.nullcontext()
 
 
-def _model_class(config: dict[str, Any]) -> Any:
-    import transformers
-
-    for name in config.get("architectures") or []:
-        cls = getattr(transformers, name, None)
-        if cls is not None:
-            return cls
-    return None
-
-
 def import_hf_config(path: str | Path, *, shape_only: bool = True, seq_len: int | str = "seq",
                      batch: int | str = "batch", max_seq_len: int | None = None) -> Graph:
     """Import `config.json` (or a folder holding one) as a graph over `input_ids` [batch, seq].
@@ -107,15 +92,18 @@ def import_hf_config(path: str | Path, *, shape_only: bool = True, seq_len: int 
     shape_only=False builds the model with seeded random weights on the CPU instead (for
     small configs: tests that run the graph).
     """
+    path, config = load_config(path)  # before torch is imported: a refusal here is quick
     import torch
 
     from aviatorc.frontends.torch import exporter, import_program
 
-    path, config = load_config(path)
     for label, size in (("batch", batch), ("seq_len", seq_len)):
         if not isinstance(size, (int, str)) or isinstance(size, bool) or (isinstance(size, int) and size < 1):
             raise OptionError(f"{label} must be a positive int or a dim name, got {size!r}")
-    model = build_meta_model(config, on_meta=shape_only)
+    try:
+        model = build_meta_model(config, on_meta=shape_only)
+    except AviatorError as error:
+        raise error.with_file(str(path)) from None
     device = "meta" if shape_only else "cpu"
     batch_n = batch if isinstance(batch, int) else EXAMPLE_BATCH
     seq_n = seq_len if isinstance(seq_len, int) else EXAMPLE_SEQ
