@@ -382,7 +382,7 @@ def _check_rope_type(config: dict[str, Any]) -> None:
         if isinstance(rope, dict):
             kind = rope.get("rope_type", rope.get("type", "default"))
             if kind not in known:
-                raise _refuse(f"{key} type '{_short(kind)}' is not one transformers knows", field=key,
+                raise _refuse(f"{key} type '{_short(str(kind))}' is not one transformers knows", field=key,
                               hint=f"known: {', '.join(sorted(known))}")
 
 
