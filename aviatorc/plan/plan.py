@@ -31,6 +31,7 @@ class Plan:
     prefetch: bool = True
     notes: list[str] = field(default_factory=list)
     decode_timeline: Any = None  # the simulated decode step (not serialized: trace.json is its export)
+    target: Any = None  # the resolved Target (serialized as target.toml beside plan.json)
 
     def tile_records(self) -> list[dict[str, Any]]:
         num_c = self.placement.num_chiplets

@@ -72,7 +72,7 @@ def schedule(graph: Graph, placement: Placement, weights: Sequence[WeightSpec], 
     if not facts.kv_width:
         notes.append("no k/v projections recognized: the KV cache is not modelled")
     return Plan(target.name, target_sha256, placement, workload, allowed, programs, memory.describe(), prediction,
-                cold.to_dict(), prefetch, notes, decode)
+                cold.to_dict(), prefetch, notes, decode, target)
 
 
 def _phase_figures(timeline: Timeline, batch: int) -> dict[str, float]:

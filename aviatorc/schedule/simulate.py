@@ -23,6 +23,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from aviatorc.plan.ir import Program
+from aviatorc.plan.plan import Plan
 from aviatorc.target import Target
 
 
@@ -58,8 +59,15 @@ class Timeline:
                 "compute_busy_fraction_max": max(compute, default=0.0) / span}
 
 
-def simulate(program: Program, target: Target, *, record: bool = True) -> Timeline:
-    """Run `program` on `target`'s resources; with `record`, keep every span for the trace."""
+def simulate(program: Program | Plan, target: Target | None = None, *, phase: str = "decode",
+             record: bool = True) -> Timeline:
+    """Run `program` on `target`'s resources; with `record`, keep every span for the trace.
+    Given a Plan, runs its `phase` program on the plan's own target."""
+    if isinstance(program, Plan):
+        target = target or program.target
+        program = program.programs[phase]
+    if target is None:
+        raise ValueError("simulate needs the target of a bare program")
     streams = {c: program.streams[c] for c in sorted(program.streams)}
     pc = dict.fromkeys(streams, 0)
     events: dict[str, float] = {}  # event (a loaded buffer, a signal) -> when it fired

@@ -188,3 +188,10 @@ def test_an_activation_no_chiplet_can_hold_is_refused_before_anything_is_written
         aviatorc.compile(str(path), target="mock")
     assert caught.value.node == "blowup" and caught.value.op == "ConstantOfShape"
     assert "needs 2048.00 GiB" in str(caught.value) or "activation 'big'" in str(caught.value)
+
+
+def test_simulate_takes_a_plan_and_gives_its_predicted_step(streamed):
+    art, _ = streamed
+    timeline = simulate(art.plan)
+    assert timeline.makespan_s == art.plan.prediction["time_per_token_s"]
+    assert simulate(art.plan, phase="prefill").makespan_s == art.plan.prediction["prefill"]["chunk_s"]
