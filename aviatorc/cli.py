@@ -25,6 +25,7 @@ from aviatorc.options import (
     KV_CACHE_CHOICES,
     KV_DTYPE_CHOICES,
     QUANT_CHOICES,
+    SOLVER_CHOICES,
     SPARSITY_CHOICES,
     SPARSITY_METHODS,
     CompileOptions,
@@ -122,6 +123,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-prefetch", action="store_true", help="load streamed weights just before use (no overlap)")
     p.add_argument("--kv-cache", choices=KV_CACHE_CHOICES, default=DEFAULTS.kv_cache, help="where the KV cache lives")
     p.add_argument("--kv-dtype", choices=KV_DTYPE_CHOICES, default=DEFAULTS.kv_dtype, help="KV cache element type")
+    p.add_argument("--solver", choices=SOLVER_CHOICES, default=DEFAULTS.solver,
+                   help="partitioner: greedy then CP-SAT per layer, or greedy alone")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(handler=cmd_compile)
@@ -211,7 +214,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         "passes": tuple(p.strip() for p in args.passes.split(",") if p.strip()) if args.passes else None,
         "print_ir_after_change": args.print_ir_after_change, "seed": args.seed, "time_limit_s": args.time_limit,
         "batch": args.batch, "context": args.context, "prompt": args.prompt, "prefetch": not args.no_prefetch,
-        "kv_cache": args.kv_cache, "kv_dtype": args.kv_dtype, "chiplets": args.chiplets,
+        "kv_cache": args.kv_cache, "kv_dtype": args.kv_dtype, "solver": args.solver, "chiplets": args.chiplets,
     }
     from aviatorc.plan.artifact import check_output_path
 

@@ -222,7 +222,7 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
                          kv_dtype=opts.kv_dtype)
     log(f"partitioning onto {target.name} ({target.num_chiplets} chiplets)")
     placement = partition(weights, target, time_limit_s=time_limit_s, seed=opts.seed,
-                          reserve_bytes=memory.reserve_bytes, chiplets=allowed)
+                          reserve_bytes=memory.reserve_bytes, chiplets=allowed, solver=opts.solver)
     report.data["placement"] = {k: v for k, v in placement.to_dict().items() if k != "solve_time_s"}
     timings["partition_s"] = placement.solve_time_s
     log(f"scheduling decode (batch {workload.batch}, context {workload.context}) and prefill "

@@ -21,6 +21,7 @@ SPARSITY_METHODS = ("magnitude", "wanda", "sparsegpt")
 ACTIVATION_METHODS = ("minmax", "percentile")
 KV_CACHE_CHOICES = ("auto", "sram", "lpddr")
 KV_DTYPE_CHOICES = ("fp16", "bf16", "int8")
+SOLVER_CHOICES = ("cpsat", "greedy")
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class CompileOptions:
     prefetch: bool = True  # overlap streamed weights' loads with compute (off: load just before use)
     kv_cache: str = "auto"  # "auto", "sram" or "lpddr"
     kv_dtype: str = "fp16"  # "fp16", "bf16" or "int8"
+    solver: str = "cpsat"  # the partitioner: "cpsat" (greedy, then CP-SAT per layer) or "greedy"
     # Confine the placement to these chiplets (resident tiles and compute), so that models can
     # share a server in isolation: "0-7,12" (--chiplets), range(0, 8) or a tuple; None: all.
     chiplets: tuple[int, ...] | None = None
@@ -78,6 +80,8 @@ class CompileOptions:
         if self.kv_cache not in KV_CACHE_CHOICES:
             raise OptionError(f"unknown KV cache placement '{self.kv_cache}'",
                               hint=f"choose one of {', '.join(KV_CACHE_CHOICES)}")
+        if self.solver not in SOLVER_CHOICES:
+            raise OptionError(f"unknown partition solver '{self.solver}'", hint=f"choose one of {', '.join(SOLVER_CHOICES)}")
         if self.kv_dtype not in KV_DTYPE_CHOICES:
             raise OptionError(f"unknown KV cache type '{self.kv_dtype}'", hint=f"choose one of {', '.join(KV_DTYPE_CHOICES)}")
         if self.cards is not None and self.cards < 1:

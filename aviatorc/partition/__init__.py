@@ -52,6 +52,7 @@ class SolveBudget:
     wall_limit_s: float
 
 
+SOLVERS = ("cpsat", "greedy")
 MAX_SOLVES = 6
 # Deterministic time units per wall second, measured on the 2 shared cores this was tuned on: one
 # unit took 3-6 s of wall time on 6k-25k-boolean layer models (presolve and model loading run
@@ -96,8 +97,11 @@ def make_problem(weights: list[WeightSpec], target: Target, *, batch_tokens: int
 def partition(weights: list[WeightSpec], target: Target, *, time_limit_s: float = 30.0, seed: int = 0,
               batch_tokens: int = 1, streaming: bool = True, tiles_per_weight: int | None = None,
               check: bool = True, deterministic: bool = True, reserve_bytes: Sequence[int] | None = None,
-              chiplets: Iterable[int] | None = None) -> Placement:
+              chiplets: Iterable[int] | None = None, solver: str = "cpsat") -> Placement:
     """Place every weight tile on `target`: resident on a chiplet or (with `streaming`) streamed.
+
+    `solver="greedy"` keeps the greedy placement and runs no CP-SAT solve (`tools/bench_plan.py`
+    compares the two on simulated time per token).
 
     `time_limit_s` buys a fixed number of CP-SAT solves with a deterministic time each
     (`solve_budget`), so the same input and options give the same placement on a loaded machine
@@ -110,6 +114,10 @@ def partition(weights: list[WeightSpec], target: Target, *, time_limit_s: float 
     so that models can share a server in isolation; None allows all.
     """
     started = time.monotonic()
+    if solver not in SOLVERS:
+        from aviatorc.errors import OptionError
+
+        raise OptionError(f"unknown partition solver '{solver}'", hint=f"choose one of {', '.join(SOLVERS)}")
     allowed = resolve_chiplets(target, chiplets)
     explain_infeasible(weights, target, streaming=streaming, reserve_bytes=reserve_bytes, chiplets=allowed)
     problem = make_problem(weights, target, batch_tokens=batch_tokens, tiles_per_weight=tiles_per_weight,
@@ -117,7 +125,7 @@ def partition(weights: list[WeightSpec], target: Target, *, time_limit_s: float 
     budget = solve_budget(time_limit_s)
     warnings: list[str] = []
 
-    def solver(prob: Problem, tiles: list[int], free: list[int], hint: list[int]) -> tuple[list[int] | None, str]:
+    def solve(prob: Problem, tiles: list[int], free: list[int], hint: list[int]) -> tuple[list[int] | None, str]:
         chiplets = _neighbourhood(prob, tiles, hint)
         if len(tiles) * len(chiplets) > MAX_SOLVER_BOOLEANS:
             return None, "skipped"
@@ -132,7 +140,10 @@ def partition(weights: list[WeightSpec], target: Target, *, time_limit_s: float 
         return result.where, result.status
 
     greedy = min(place_layers(problem, None), place_layers(problem, None, anchored=False), key=lambda d: d.cost_ps)
-    solved = place_layers(problem, solver, max_solves=budget.max_solves, wall_limit_s=budget.wall_limit_s)
+    if solver == "greedy":
+        solved = greedy
+    else:
+        solved = place_layers(problem, solve, max_solves=budget.max_solves, wall_limit_s=budget.wall_limit_s)
     warnings += solved.warnings
     best = solved if solved.cost_ps < greedy.cost_ps else greedy
     if best is solved and solved.statuses and any(m.startswith("cpsat") for m in (s.method for s in solved.solves)):
