@@ -546,13 +546,14 @@ def run_door(door: str, mutant: Mutant, folder: Path, *, timeout_s: float, mem_b
     return Run(door, outcome, code, round(seconds, 2), round(usage.ru_maxrss / 1024, 1), tail, flags)
 
 
-def run_mutant(mutant: Mutant, work: Path, *, timeout_s: float, mem_bytes: int, keep: Path | None) -> dict[str, Any]:
+def run_mutant(mutant: Mutant, work: Path, *, timeout_s: float, mem_bytes: int, keep: Path | None,
+               inspect_every: int = 2) -> dict[str, Any]:
     folder = work / f"m{mutant.index:05d}"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / ("model.onnx" if mutant.family == "onnx" else "config.json")).write_bytes(mutant.data)
     for rel, data in mutant.extra_files.items():
         (folder / rel).write_bytes(data)
-    doors = ["compile"] + (["inspect"] if mutant.index % 2 == 0 else [])
+    doors = ["compile"] + (["inspect"] if inspect_every and mutant.index % inspect_every == 0 else [])
     runs = [run_door(door, mutant, folder, timeout_s=timeout_s, mem_bytes=mem_bytes) for door in doors]
     worst = max(runs, key=lambda r: WORST[r.outcome])
     flags = sorted({f for r in runs for f in r.flags})
@@ -566,7 +567,7 @@ def run_mutant(mutant: Mutant, work: Path, *, timeout_s: float, mem_bytes: int, 
 
 def campaign(budget: int, seed: int, *, jobs: int = 2, timeout_s: float = 60.0, mem_gb: float = 4.0,
              zoo_archs: tuple[str, ...] = ("llama", "gpt2", "bert"), config_archs: tuple[str, ...] | None = None,
-             keep: Path | None = None, cache: Path | None = None,
+             keep: Path | None = None, cache: Path | None = None, inspect_every: int = 2,
              progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Build and run `budget` mutants; returns the JSON-ready results."""
     cache = cache or Path(tempfile.gettempdir()) / "aviatorc-fuzz-seeds"
@@ -584,7 +585,8 @@ def campaign(budget: int, seed: int, *, jobs: int = 2, timeout_s: float = 60.0, 
             pending = set()
             for mutant in mutants:  # a bounded queue: mutants are built as slots free up
                 pending.add(pool.submit(run_mutant, mutant, work, timeout_s=timeout_s,
-                                        mem_bytes=int(mem_gb * (1 << 30)), keep=keep))
+                                        mem_bytes=int(mem_gb * (1 << 30)), keep=keep,
+                                        inspect_every=inspect_every))
                 if len(pending) >= 2 * jobs:
                     done, pending = concurrent.futures.wait(pending, return_when="FIRST_COMPLETED")
                     for future in done:

@@ -1,6 +1,7 @@
 """Rebuild BENCHMARKS.md from the results each benchmark writes under tools/results/.
 
-    python tools/bench_import.py && python tools/onnx_conformance.py && ... && python tools/update_benchmarks.py
+    python tools/bench_import.py && python tools/onnx_conformance.py && ... && python tools/fuzz.py --budget 2000 \
+        && python tools/update_benchmarks.py
 
 Each benchmark prints its figures and writes `tools/results/<name>.md`; this script only
 concatenates them, in a fixed order, under a header that says how to rerun each one.
@@ -18,6 +19,7 @@ ORDER = [
     ("bench_quant_minilm", "python tools/bench_quant.py --only minilm"),
     ("bench_quant_smollm2", "python tools/bench_quant.py --only smollm2"),
     ("bench_partition", "python tools/bench_partition.py"),
+    ("fuzz", "python tools/fuzz.py --budget 2000"),
 ]
 
 

@@ -82,6 +82,7 @@ FIELDS: dict[str, Field] = {
     "num_key_value_heads": _size(1 << 12, nullable=True),
     "head_dim": _size(1 << 12, nullable=True),
     "vocab_size": _size(1 << 22),
+    "num_labels": _size(1 << 16),  # transformers builds an id2label dict of this many entries
     "type_vocab_size": _size(1 << 10),
     **{name: _size(1 << 24) for name in ("max_position_embeddings", "n_positions")},
     "sliding_window": _size(1 << 24, nullable=True),

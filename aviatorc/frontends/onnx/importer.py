@@ -16,7 +16,7 @@ import numpy as np
 
 from aviatorc.errors import AviatorError, ModelFormatError, UnsupportedOpsError
 from aviatorc.frontends.onnx import ops as onnx_ops
-from aviatorc.frontends.onnx import validate
+from aviatorc.frontends.onnx import sandbox, validate
 from aviatorc.frontends.onnx.loader import external_data, load_model_proto
 from aviatorc.ir import Graph, Value, fold_constants, merge_type, verify
 from aviatorc.ir.data import ArrayData, ShapeOnly, TensorData
@@ -48,7 +48,9 @@ def import_model_proto(model: Any, *, base_dir: Path, shape_only: bool = False, 
     check_supported(model.graph)
     validate.check_graph_names(model.graph)
     # Schemas before shape inference and before any type rule: both trust the attributes.
-    schemas = [validate.check_node(node, opset, node_name(node, i)) for i, node in enumerate(model.graph.node)]
+    initializers = {t.name: t for t in model.graph.initializer}
+    schemas = [validate.check_node(node, opset, node_name(node, i), initializers)
+               for i, node in enumerate(model.graph.node)]
     builder = Builder(model, base_dir=base_dir, opset=opset, shape_only=shape_only)
     builder.hints = inferred_types(model)
     builder.add_inputs_and_initializers()
@@ -141,22 +143,33 @@ def ordered_nodes(graph: Any) -> list[tuple[int, Any]]:
 
 
 def inferred_types(model: Any) -> dict[str, TensorType | None]:
-    """Value types from onnx shape inference (with data propagation); empty when it fails."""
+    """Value types from onnx shape inference (with data propagation); empty when it fails.
+
+    Inference runs in a forked child (`sandbox.py`): on some malformed models onnx's native
+    code aborts the process instead of raising."""
     import onnx
 
-    inferred = None
-    for data_prop in (True, False):
-        try:
-            inferred = onnx.shape_inference.infer_shapes(
-                model, check_type=False, strict_mode=False, data_prop=data_prop
-            )
-            break
-        except Exception:  # noqa: BLE001 - inference is only a source of hints
-            continue
-    if inferred is None:
+    def infer() -> bytes:
+        for data_prop in (True, False):
+            try:
+                inferred = onnx.shape_inference.infer_shapes(
+                    model, check_type=False, strict_mode=False, data_prop=data_prop
+                )
+            except Exception:  # noqa: BLE001 - inference is only a source of hints
+                continue
+            found = onnx.GraphProto()
+            found.value_info.extend(inferred.graph.value_info)
+            found.value_info.extend(inferred.graph.output)
+            return bytes(found.SerializeToString())
+        return b""
+
+    data = sandbox.run_in_child(infer)
+    if not data:
         return {}
+    found = onnx.GraphProto()
+    found.ParseFromString(data)
     hints: dict[str, TensorType | None] = {}
-    for info in list(inferred.graph.value_info) + list(inferred.graph.output):
+    for info in found.value_info:
         try:
             hints[info.name] = type_from_proto(info.type, info.name)
         except ModelFormatError:

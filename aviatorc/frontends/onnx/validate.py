@@ -82,13 +82,35 @@ def node_schema(node: Any, opset: int, name: str) -> Any:
     return schema
 
 
-def check_node(node: Any, opset: int, name: str) -> Any:
+def check_node(node: Any, opset: int, name: str, initializers: dict[str, Any] | None = None) -> Any:
     """Hold a node's arity and attributes to its schema; returns the schema."""
     schema = node_schema(node, opset, name)
     check_arity(node, schema, name)
     check_attributes(node, schema, opset, name)
     check_attribute_values(node, name)
+    if node.op_type == "Split":
+        check_split_count(node, name, initializers or {})
     return schema
+
+
+def check_split_count(node: Any, name: str, initializers: dict[str, Any]) -> None:
+    """Split's part count (num_outputs, or the length of its sizes) must equal its outputs.
+
+    Checked before onnx shape inference, which aborts the process (a C++ assertion, no
+    exception) on a Split with more outputs than num_outputs."""
+    outputs = len(node.output)
+    attrs = {attr.name: attr for attr in node.attribute}
+    count = None
+    if "num_outputs" in attrs:
+        count = attrs["num_outputs"].i
+    elif "split" in attrs:
+        count = len(attrs["split"].ints)
+    elif len(node.input) > 1 and node.input[1] in initializers:
+        dims = list(initializers[node.input[1]].dims)
+        count = dims[0] if len(dims) == 1 else None
+    if count is not None and count != outputs:
+        raise ModelFormatError(f"Split into {count} part(s) but the node has {outputs} output(s)", node=name,
+                               op="Split", hint="num_outputs (or the number of sizes) must equal the outputs")
 
 
 def check_arity(node: Any, schema: Any, name: str) -> None:
