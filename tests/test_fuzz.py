@@ -52,9 +52,9 @@ def test_every_structured_onnx_mutation_applies_to_every_seed_kind(fuzz) -> None
 @pytest.mark.slow
 def test_fixed_seed_slice_through_the_cli(fuzz) -> None:
     kinds = len(fuzz.ONNX_STRUCTURED + fuzz.BYTE_KINDS)
-    budget = round(kinds / fuzz.ONNX_SHARE)  # every ONNX kind once, and as many config mutants as fit
+    budget = kinds + len(fuzz.CONFIG_KINDS)  # every kind once
     results = fuzz.campaign(budget, seed=0, jobs=2, timeout_s=60, zoo_archs=(), config_archs=("gpt2",),
-                            inspect_every=0)
+                            inspect_every=0, n_onnx=kinds)
     totals = results["totals"]
     assert totals["mutants"] == budget and totals["onnx:mutants"] == kinds
     bad = {k: totals.get(k, 0) for k in ("traceback", "hang", "killed", "internal", "left-output",

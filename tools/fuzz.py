@@ -459,12 +459,13 @@ def mutate_config(kind: str, rng: random.Random, seed: dict[str, Any]) -> tuple[
 
 
 def make_mutant(index: int, seed: int, budget: int, onnx_seeds_: dict[str, bytes],
-                config_seeds_: dict[str, dict[str, Any]]) -> Mutant:
-    """Mutant `index` of a campaign: the same (seed, budget, index) gives the same bytes."""
+                config_seeds_: dict[str, dict[str, Any]], n_onnx: int | None = None) -> Mutant:
+    """Mutant `index` of a campaign: the same (seed, budget, index) gives the same bytes.
+    The first `n_onnx` (default: ONNX_SHARE of the budget) are ONNX mutants."""
     import onnx
 
     rng = random.Random(f"{seed}:{index}")
-    n_onnx = round(budget * ONNX_SHARE)
+    n_onnx = round(budget * ONNX_SHARE) if n_onnx is None else n_onnx
     if index < n_onnx:
         kinds = ONNX_STRUCTURED + BYTE_KINDS
         kind = kinds[index % len(kinds)]
@@ -568,7 +569,8 @@ def run_mutant(mutant: Mutant, work: Path, *, timeout_s: float, mem_bytes: int, 
 def campaign(budget: int, seed: int, *, jobs: int = 2, timeout_s: float = 60.0, mem_gb: float = 4.0,
              zoo_archs: tuple[str, ...] = ("llama", "gpt2", "bert"), config_archs: tuple[str, ...] | None = None,
              keep: Path | None = None, cache: Path | None = None, inspect_every: int = 2,
-             progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+             n_onnx: int | None = None,
+             progress: Callable[[list[dict[str, Any]]], None] | None = None) -> dict[str, Any]:
     """Build and run `budget` mutants; returns the JSON-ready results."""
     cache = cache or Path(tempfile.gettempdir()) / "aviatorc-fuzz-seeds"
     cache.mkdir(parents=True, exist_ok=True)
@@ -580,7 +582,7 @@ def campaign(budget: int, seed: int, *, jobs: int = 2, timeout_s: float = 60.0, 
     records: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="aviatorc-fuzz-") as tmp:
         work = Path(tmp)
-        mutants = (make_mutant(i, seed, budget, seeds_onnx, seeds_config) for i in range(budget))
+        mutants = (make_mutant(i, seed, budget, seeds_onnx, seeds_config, n_onnx) for i in range(budget))
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
             pending = set()
             for mutant in mutants:  # a bounded queue: mutants are built as slots free up
@@ -592,11 +594,11 @@ def campaign(budget: int, seed: int, *, jobs: int = 2, timeout_s: float = 60.0, 
                     for future in done:
                         records.append(future.result())
                         if progress:
-                            progress(records[-1])
+                            progress(records)
             for future in concurrent.futures.as_completed(pending):
                 records.append(future.result())
                 if progress:
-                    progress(records[-1])
+                    progress(records)
     records.sort(key=lambda r: r["index"])
     return summarize(records, budget=budget, seed=seed, seconds=time.perf_counter() - start, jobs=jobs,
                      timeout_s=timeout_s, mem_gb=mem_gb, seeds=sorted(seeds_onnx) + sorted(f"{k}.json" for k in
@@ -713,18 +715,23 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command = "python tools/fuzz.py" + "".join(f" --{k} {v}" for k, v in (("budget", args.budget),
                                                                         ("seed", args.seed)))
-    count = 0
+    start = time.perf_counter()
 
-    def progress(record: dict[str, Any]) -> None:
-        nonlocal count
-        count += 1
-        if record["outcome"] not in ("ok", "refused") or count % 50 == 0:
-            print(f"[{count}/{args.budget}] #{record['index']} {record['family']}/{record['kind']}: "
+    def progress(records: list[dict[str, Any]]) -> None:
+        record = records[-1]
+        if record["outcome"] not in ("ok", "refused") or set(record["flags"]) - {"noisy"} or len(records) % 50 == 0:
+            print(f"[{len(records)}/{args.budget}] #{record['index']} {record['family']}/{record['kind']}: "
                   f"{record['outcome']} {record['flags']}", flush=True)
+        if len(records) % 100 == 0:  # a partial table, in case the campaign is stopped
+            partial = summarize(sorted(records, key=lambda r: r["index"]), budget=args.budget, seed=args.seed,
+                                seconds=time.perf_counter() - start, jobs=args.jobs, timeout_s=args.timeout,
+                                mem_gb=args.mem_gb, seeds=["(partial)"])
+            args.out.with_suffix(".partial.md").write_text(render(partial, command + f"  [partial: {len(records)}]"))
 
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     results = campaign(args.budget, args.seed, jobs=args.jobs, timeout_s=args.timeout, mem_gb=args.mem_gb,
                        keep=args.keep, progress=progress)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".partial.md").unlink(missing_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     text = render(results, command)
     args.out.with_suffix(".md").write_text(text)
