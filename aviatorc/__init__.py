@@ -18,10 +18,11 @@ if TYPE_CHECKING:
     from aviatorc.compiler import CompileResult
     from aviatorc.ir import Graph
     from aviatorc.plan.artifact import Artifact
+    from aviatorc.runtime import Session
 
 __version__ = "0.1.0"
 
-__all__ = ["AviatorError", "__version__", "compile", "import_model", "load"]
+__all__ = ["AviatorError", "Session", "__version__", "compile", "import_model", "load"]
 
 
 def import_model(source: Any, example_inputs: Any = None, **options: Any) -> Graph:
@@ -45,3 +46,12 @@ def load(path: Any) -> Artifact:
     from aviatorc.plan.artifact import load as _load
 
     return _load(path)
+
+
+def __getattr__(name: str) -> Any:
+    # `aviatorc.Session` loads the runtime on first use: importing aviatorc stays light.
+    if name == "Session":
+        from aviatorc.runtime import Session
+
+        return Session
+    raise AttributeError(f"module 'aviatorc' has no attribute '{name}'")

@@ -1,0 +1,10 @@
+"""The runtime: `Session(artifact, device="sim").run(feeds)` executes a compiled plan.
+
+See `aviatorc.runtime.session` and docs/runtime.md. The backends live in `backends/`
+(imported as `aviatorc.backends`).
+"""
+
+from aviatorc.runtime.errors import NotRunnableError, RuntimeFault, RuntimeInputError
+from aviatorc.runtime.session import RunStats, Session
+
+__all__ = ["NotRunnableError", "RunStats", "RuntimeFault", "RuntimeInputError", "Session"]
