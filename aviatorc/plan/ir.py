@@ -60,6 +60,10 @@ class InstrSpec:
     blocking: bool  # the stream waits for something outside itself
     doc: str
 
+    @property
+    def field_names(self) -> frozenset[str]:
+        return _FIELD_NAMES[self.name]
+
 
 INSTRUCTIONS: dict[str, InstrSpec] = {spec.name: spec for spec in (
     InstrSpec("load", "buf", (("card", int), ("bytes", int)), False,
@@ -73,6 +77,9 @@ INSTRUCTIONS: dict[str, InstrSpec] = {spec.name: spec for spec in (
     InstrSpec("recv", "value", (("src", int), ("bytes", int)), True, "receive an activation"),
     InstrSpec("free", "buf", (), False, "release a staging buffer"),
 )}
+
+
+_FIELD_NAMES = {spec.name: frozenset(name for name, _ in spec.fields) for spec in INSTRUCTIONS.values()}
 
 
 @dataclass(frozen=True)
@@ -104,8 +111,7 @@ def instr(op: str, operand: Any = None, **fields: Any) -> Instr:
         if operand is None:
             raise ValueError(f"'{op}' needs its {spec.operand}")
         args[spec.operand] = operand
-    names = {name for name, _ in spec.fields}
-    unknown = set(fields) - names
+    unknown = fields.keys() - spec.field_names
     if unknown:
         raise ValueError(f"'{op}' has no field(s) {sorted(unknown)}")
     for name, kind in spec.fields:

@@ -130,7 +130,15 @@ def plan_memory(facts: ModelFacts, tiles: Sequence[Tile], target: Target, worklo
 def activation_peak_bytes(facts: ModelFacts, target: Target, tokens: int, output_tokens: int, *,
                           refuse: bool = True) -> int:
     """Peak live activation bytes over the node order; with `refuse`, a value no chiplet could
-    hold is an InfeasibleError naming its node."""
+    hold is an InfeasibleError naming its node. Memoized per facts (the sweep asks again)."""
+    key = (tokens, output_tokens, refuse, target.activation_bytes_per_element, target.chiplet.sram_bytes)
+    if key not in facts.peaks:
+        facts.peaks[key] = _activation_peak_bytes(facts, target, tokens, output_tokens, refuse=refuse)
+    return facts.peaks[key]
+
+
+def _activation_peak_bytes(facts: ModelFacts, target: Target, tokens: int, output_tokens: int, *,
+                           refuse: bool) -> int:
     scale = tokens / facts.graph_tokens
     output_scale = min(tokens, output_tokens) / facts.graph_tokens
     element = target.activation_bytes_per_element

@@ -58,6 +58,7 @@ class ModelFacts:
     score_values: set[str] = field(default_factory=set)  # attention scores: no activation buffer
     weight_chain: set[str] = field(default_factory=set)  # nodes between a stored weight and its reader
     outputs: set[str] = field(default_factory=set)  # graph output values
+    peaks: dict[tuple[int, int, bool, int, int], int] = field(default_factory=dict)  # memo of activation peaks
 
     @property
     def layers(self) -> list[int]:
