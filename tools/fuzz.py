@@ -311,7 +311,9 @@ def mutate_onnx(kind: str, rng: random.Random, seed: Any) -> tuple[Any, str, boo
             if choice == "num_outputs":
                 for attr in target.attribute:
                     if attr.name == "num_outputs":
-                        attr.i = rng.choice([1, 3, 5, 1 << 40])
+                        attr.i = rng.choice([n for n in (1, 3, 5, 1 << 40) if n != len(target.output)])
+                if not any(attr.name == "num_outputs" for attr in target.attribute):
+                    target.output.append("extra_split_out")  # sizes given as an input: one output too many
             elif choice == "fewer-outputs" and len(target.output) > 1:
                 del target.output[-1]
             else:

@@ -236,3 +236,13 @@ def test_a_crash_or_hang_in_the_sandbox_costs_only_the_hints() -> None:
     assert run_in_child(lambda: b"x" * (3 << 20)) == b"x" * (3 << 20)  # more than a pipe buffer
     assert run_in_child(os.abort) is None  # onnx's C++ assertions abort the process
     assert run_in_child(lambda: time.sleep(30) or b"", timeout_s=0.5) is None
+
+
+def test_a_name_that_is_not_utf8_is_refused(tmp_path) -> None:
+    """protobuf returns bytes for a string field holding invalid UTF-8 (found by tools/fuzz.py)."""
+    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "wias")
+    proto = model([helper.make_node("MatMul", ["x", "wias"], ["y"])], [tensor("x", [2, 4])], [tensor("y", None)], [w])
+    path = tmp_path / "m.onnx"
+    path.write_bytes(proto.SerializeToString().replace(b"wias", b"\xe2ias"))
+    with pytest.raises(ModelFormatError, match=r"initializer name b'\\xe2ias' is not valid UTF-8"):
+        import_onnx(path)

@@ -54,7 +54,31 @@ def load_model_proto(path: Path) -> Any:
         ) from None
     if not model.HasField("graph") or not (model.graph.node or model.graph.output):
         raise ModelFormatError("the file holds no ONNX graph (truncated or not an ONNX model)", file=str(path))
+    check_names_are_text(model, path)
     return model
+
+
+def check_names_are_text(model: Any, path: Path) -> None:
+    """Every name and key the importer reads is text: protobuf hands back `bytes` for a
+    string field that is not valid UTF-8 (a flipped bit), which no later step expects."""
+    graph = model.graph
+    fields: list[tuple[str, Any]] = [("graph name", graph.name)]
+    fields += [("opset domain", entry.domain) for entry in model.opset_import]
+    for info in list(graph.input) + list(graph.output) + list(graph.value_info):
+        fields.append(("value name", info.name))
+        shape = info.type.tensor_type.shape if info.type.HasField("tensor_type") else None
+        fields += [("dim name", dim.dim_param) for dim in (shape.dim if shape is not None else [])]
+    for tensor in graph.initializer:
+        fields.append(("initializer name", tensor.name))
+        fields += [("external data entry", text) for entry in tensor.external_data for text in (entry.key, entry.value)]
+    for node in graph.node:
+        fields += [("node name", node.name), ("op type", node.op_type), ("domain", node.domain)]
+        fields += [("value name", name) for name in list(node.input) + list(node.output)]
+        fields += [("attribute name", attr.name) for attr in node.attribute]
+    for what, value in fields:
+        if not isinstance(value, str):
+            raise ModelFormatError(f"{what} {bytes(value)[:40]!r} is not valid UTF-8", file=str(path),
+                                   hint="the file is corrupt")
 
 
 def external_ref(tensor: Any) -> ExternalRef:
