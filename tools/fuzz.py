@@ -463,14 +463,17 @@ def mutate_config(kind: str, rng: random.Random, seed: dict[str, Any]) -> tuple[
 def make_mutant(index: int, seed: int, budget: int, onnx_seeds_: dict[str, bytes],
                 config_seeds_: dict[str, dict[str, Any]], n_onnx: int | None = None) -> Mutant:
     """Mutant `index` of a campaign: the same (seed, budget, index) gives the same bytes.
-    The first `n_onnx` (default: ONNX_SHARE of the budget) are ONNX mutants."""
+
+    `n_onnx` (default: ONNX_SHARE of the budget) of them are ONNX mutants, spread evenly
+    among the config ones, so a campaign stopped early still has both families."""
     import onnx
 
     rng = random.Random(f"{seed}:{index}")
     n_onnx = round(budget * ONNX_SHARE) if n_onnx is None else n_onnx
-    if index < n_onnx:
+    onnx_before = (index * n_onnx) // budget  # ONNX mutants among indices [0, index)
+    if ((index + 1) * n_onnx) // budget > onnx_before:
         kinds = ONNX_STRUCTURED + BYTE_KINDS
-        kind = kinds[index % len(kinds)]
+        kind = kinds[onnx_before % len(kinds)]
         seed_name = rng.choice(sorted(onnx_seeds_))
         if kind in BYTE_KINDS:
             data, detail = mutate_bytes(kind, rng, onnx_seeds_[seed_name])
@@ -478,7 +481,7 @@ def make_mutant(index: int, seed: int, budget: int, onnx_seeds_: dict[str, bytes
         model = onnx.load_from_string(onnx_seeds_[seed_name])
         mutated, detail, invalid, extra = mutate_onnx(kind, rng, model)
         return Mutant(index, "onnx", kind, seed_name, detail, mutated.SerializeToString(), invalid, extra)
-    kind = CONFIG_KINDS[(index - n_onnx) % len(CONFIG_KINDS)]
+    kind = CONFIG_KINDS[(index - onnx_before) % len(CONFIG_KINDS)]
     seed_name = rng.choice(sorted(config_seeds_))
     data, detail, invalid = mutate_config(kind, rng, config_seeds_[seed_name])
     return Mutant(index, "config", kind, seed_name, detail, data, invalid)
