@@ -1,10 +1,11 @@
 """Each placed tile's stored arrays, cut from the graph's weights, for weights.safetensors.
 
 A tile's arrays are named `t<index>.<slot>` with the `DequantizeWeight` slots (values, scale,
-zero, indices) of its own [k, n] layout (`aviatorc.quant.tiles.slice_packed`), so a runtime
-dequantizes a tile without the rest of its weight. A dense weight is stored as its [k, n] strip
-(a weight read through a Transpose is transposed first; a tied head's strip is a row range of
-the table, transposed), an embedding row tile as its rows. Every other initializer of the
+zero, indices) of its own [k, n] layout, cut by `aviatorc.quant.tiles.slice_packed` (the one
+place that slices stored weights), so a runtime dequantizes a tile without the rest of its
+weight. A dense weight is stored as its [k, n] strip (a weight read through a Transpose is
+viewed as [k, n] first; a tied head's strip is a row range of the table, transposed), an
+embedding row tile as its rows. Every other initializer of the
 graph (norm weights, biases, rotary tables) is stored whole as `init.<name>`.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aviatorc.formats import WeightFormat
+from aviatorc.formats import WeightFormat, dense_format
 from aviatorc.ir import Graph, Value
 from aviatorc.ir.ops.quant import ROLES
 from aviatorc.partition.placement import Placement
@@ -56,8 +57,12 @@ def _tile_arrays(value: Value, tile: Tile, lookup: bool, stored: set[str]) -> li
         raise ValueError(f"tile of '{tile.weight}' reads '{value.name}', which is neither stored nor dequantized")
     stored.add(value.name)
     array = value.data.load()
+    fmt = dense_format(value.type.dtype)
     if tile.is_embedding:  # rows of a table read by lookups
-        return [("values", np.ascontiguousarray(array[tile.k_start:tile.k_stop]))]
-    if transposed or lookup:  # stored [n, k] (a tied head's table): the strip is its rows n_start:n_stop, transposed
-        return [("values", np.ascontiguousarray(array[tile.n_start:tile.n_stop].T))]
-    return [("values", np.ascontiguousarray(array[:, tile.n_start:tile.n_stop]))]
+        pieces = slice_packed(fmt, [array], *array.shape, rows=(tile.k_start, tile.k_stop))
+    else:
+        if transposed or lookup:  # stored [n, k] (a torch linear, a tied head's table): its [k, n] view
+            array = array.T
+        pieces = slice_packed(fmt, [array], *array.shape, cols=(tile.n_start, tile.n_stop))
+    assert pieces[0] is not None
+    return [("values", pieces[0])]

@@ -155,3 +155,32 @@ def test_a_shape_only_compile_writes_no_weights_and_says_so(tmp_path):
     assert art.shape_only and not (tmp_path / "cfg.avc" / "weights.safetensors").exists()
     with pytest.raises(aviatorc.AviatorError, match="compiled shape-only and holds no weights"):
         art.tensor("t0.values")
+
+
+def _logical_weight(value):
+    """The [k, n] matrix (or lookup table) a node reads, walking Casts and Transposes by hand."""
+    if value.producer is None:
+        return value.data.load().astype(np.float32)
+    inner = _logical_weight(value.producer.inputs[0])
+    return inner.T if value.producer.op == "Transpose" else inner
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])  # gpt2: Gemm weights, read through a Transpose
+def test_dense_tiles_are_their_slices_of_the_weight(zoo_onnx, tmp_path, arch):  # noqa: F811
+    result = aviatorc.compile(str(zoo_onnx(arch)), target="mock", context=32, prompt=8)
+    result.save(tmp_path / "d.avc")
+    art = aviatorc.load(tmp_path / "d.avc")
+    nodes = {n.name: n for n in result.graph.nodes}
+    kinds = set()
+    for record in art.plan["tiles"]:
+        node = nodes[record["nodes"][-1]]
+        stored = art.tensor(f"{record['id']}.values").astype(np.float32)
+        (k0, k1), (n0, n1) = record["rows"], record["cols"]
+        if node.op == "Gather":
+            expected = _logical_weight(node.inputs[0])[k0:k1]
+            kinds.add("rows")
+        else:
+            expected = _logical_weight(node.inputs[1])[:, n0:n1]
+            kinds.add("tied" if record["role"] == "lm_head" and len(record["nodes"]) > 1 else "cols")
+        np.testing.assert_array_equal(stored, expected)
+    assert kinds >= {"cols", "rows"}
