@@ -371,8 +371,10 @@ class _Run:
             raise self.fault(c, step, "bad-part", f"unknown part '{part}'")
         kind = match.group(1) if match else ""
         if kind == "kv":
-            # The KV chunks stand for reads of the cache; the node runs whole once all were read.
+            # The KV chunks stand for reads of the cache (possibly on other chiplets, whose partial
+            # results are sent home); the node runs whole at the last chunk, on its home chiplet.
             if int(match.group(2)) != int(match.group(3)) - 1:  # type: ignore[union-attr]
+                self.chiplets[c].parts.setdefault(node.outputs[0].name, {})[part] = np.zeros(0, np.float32)
                 return
             kind = ""
         if kind == "":

@@ -100,7 +100,22 @@ class _Builder:
         uses = self.facts.uses.get(node.name)
         if uses:
             return sorted({self.placement.compute_chiplet[u.tile] for u in uses})
+        if node.name in self.facts.attention:
+            return sorted(set(self._kv_chunk_chiplets(node)))
         return [self.homes[self.facts.layer_of_node[node.name]]]
+
+    def _kv_chunk_chiplets(self, node: Node) -> list[int]:
+        """Where each chunk of a streamed KV cache is read: spread over the allowed chiplets, the
+        last at home (one entry per chunk; just home when the cache is not streamed)."""
+        layer = self.facts.layer_of_node[node.name]
+        home = self.homes[layer]
+        kv = self.memory.kv
+        nbytes = kv.bytes_per_layer.get(layer, 0)
+        if self.phase == "prefill" or kv.location == "sram" or nbytes == 0:
+            return [home]
+        chunks = math.ceil(nbytes / kv.chunk_bytes)
+        start = self.chiplets.index(home)
+        return [self.chiplets[(start + 1 + i) % len(self.chiplets)] for i in range(chunks - 1)] + [home]
 
     # -- sizes ---------------------------------------------------------------------------
 
@@ -208,14 +223,25 @@ class _Builder:
             bufs = (f"kv.{layer}",) if nbytes else ()
             self._compute(home, layer, node=node.name, bufs=bufs, flops=flops, bytes=nbytes, kind=kind, part="")
             return
-        chunks = math.ceil(nbytes / kv.chunk_bytes)
-        card = self.target.card_of(home)
-        for i in range(chunks):
+        # The cache streams in chunks spread over every allowed chiplet (heads split across chiplets,
+        # as tensor-parallel attention does), so each card's LPDDR channel carries its share of every
+        # layer's cache; each chunk's partial output goes home, where the last chunk completes the node.
+        where = self._kv_chunk_chiplets(node)
+        chunks = len(where)
+        out = node.outputs[0]
+        partial_bytes = math.ceil(self.workload.batch * q_width * self.target.activation_bytes_per_element / chunks)
+        for i, c in enumerate(where):
             share = min(kv.chunk_bytes, nbytes - i * kv.chunk_bytes)
-            buffer = self._staging_buffer(f"kv.{layer}.{i}", home, share, f"kv.{layer}.{i}")
-            compute = self._make_compute(home, layer, node=node.name, bufs=(buffer.name,), flops=flops * share // nbytes,
-                                         bytes=share, kind=kind, part=f"kv:{i}:{chunks}")
-            self.entries[home].append(_Staged(buffer, card, compute))
+            part = f"kv:{i}:{chunks}"
+            self._receive_inputs(node, c)
+            buffer = self._staging_buffer(f"kv.{layer}.{i}", c, share, f"kv.{layer}.{i}")
+            compute = self._make_compute(c, layer, node=node.name, bufs=(buffer.name,), flops=flops * share // nbytes,
+                                         bytes=share, kind=kind, part=part)
+            self.entries[c].append(_Staged(buffer, self.target.card_of(c), compute))
+            if c != home:
+                label = f"{out.name}[{part}]"
+                self.entries[c].append(instr("send", label, to=home, bytes=partial_bytes))
+                self.entries[home].append(instr("recv", label, src=c, bytes=partial_bytes))
 
     def _staging_buffer(self, base: str, chiplet: int, nbytes: int, tile: str) -> Buffer:
         name = base
