@@ -124,7 +124,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache", choices=KV_CACHE_CHOICES, default=DEFAULTS.kv_cache, help="where the KV cache lives")
     p.add_argument("--kv-dtype", choices=KV_DTYPE_CHOICES, default=DEFAULTS.kv_dtype, help="KV cache element type")
     p.add_argument("--solver", choices=SOLVER_CHOICES, default=DEFAULTS.solver,
-                   help="partitioner: greedy then CP-SAT per layer, or greedy alone")
+                   help="partitioner: greedy alone (default), or greedy then CP-SAT per layer")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(handler=cmd_compile)

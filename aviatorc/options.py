@@ -50,7 +50,10 @@ class CompileOptions:
     prefetch: bool = True  # overlap streamed weights' loads with compute (off: load just before use)
     kv_cache: str = "auto"  # "auto", "sram" or "lpddr"
     kv_dtype: str = "fp16"  # "fp16", "bf16" or "int8"
-    solver: str = "cpsat"  # the partitioner: "cpsat" (greedy, then CP-SAT per layer) or "greedy"
+    # The partitioner: "greedy", or "cpsat" (greedy, then CP-SAT per layer). Greedy by default: on the
+    # scheduled plans of tools/bench_plan.py CP-SAT changed the simulated time per token by at most
+    # 0.01% while taking about 10x the partition time (BENCHMARKS.md, "Does CP-SAT earn its place?").
+    solver: str = "greedy"
     # Confine the placement to these chiplets (resident tiles and compute), so that models can
     # share a server in isolation: "0-7,12" (--chiplets), range(0, 8) or a tuple; None: all.
     chiplets: tuple[int, ...] | None = None
