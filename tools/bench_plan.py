@@ -190,6 +190,13 @@ def report(rows: list[dict[str, Any]], claims: list[dict[str, Any]], compile_s: 
             lines.append(f"| {c['model']} | {c['batch']} | {ms(g['time_per_token_s'])} | {ms(c['time_per_token_s'])} | "
                          f"{change:+.2%} | {g['objective_ps'] / 1e6:.1f} | {c['objective_ps'] / 1e6:.1f} | "
                          f"{g['partition_s']:.1f} | {c['partition_s']:.1f} |")
+        worst = max(abs(c["time_per_token_s"] / g["time_per_token_s"] - 1) for c, g in pairs)
+        slower = sum(c["partition_s"] for c, _ in pairs) / max(1e-9, sum(g["partition_s"] for _, g in pairs))
+        lines += ["", f"CP-SAT changes the simulated time per token by at most {worst:.3%} while partitioning "
+                      f"{slower:.1f}x slower. Why: these decode steps are bound by LPDDR streaming; what stays "
+                      "resident is a capacity question the greedy already answers (SRAM filled in bytes-saved-per-byte "
+                      "order), and what CP-SAT rebalances (matrix-unit work and transfers within a layer) hides behind "
+                      "the prefetch. So `aviatorc compile` uses the greedy by default; `--solver cpsat` opts in."]
     if claims:
         lines += ["", "### Claims", "",
                   "| model | target | cards | ms/token | claim | bound ms | cold start s (first-use order) | "
