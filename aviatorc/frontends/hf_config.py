@@ -301,6 +301,7 @@ def check_with_transformers(config: dict[str, Any]) -> tuple[Any, Any]:
     config_class = CONFIG_MAPPING[model_type]
     _check_no_shadowing(config, config_class)
     _check_rope_type(config)
+    _check_activation(config)
     model_class = None
     architectures = config.get("architectures") or []
     if architectures:
@@ -385,6 +386,20 @@ def _check_rope_type(config: dict[str, Any]) -> None:
             if kind not in known:
                 raise _refuse(f"{key} type '{_short(str(kind))}' is not one transformers knows", field=key,
                               hint=f"known: {', '.join(sorted(known))}")
+
+
+def _check_activation(config: dict[str, Any]) -> None:
+    """hidden_act names one of transformers' activations (an unknown name is a KeyError there)."""
+    from transformers.activations import ACT2FN
+
+    for key in ("hidden_act", "activation_function"):
+        name = config.get(key)
+        if isinstance(name, str) and name not in ACT2FN:
+            import difflib
+
+            close = difflib.get_close_matches(name, list(ACT2FN), n=1)
+            raise _refuse(f"{key} '{_short(name)}' is not an activation transformers knows", field=key,
+                          hint=f"did you mean '{close[0]}'?" if close else f"known: {', '.join(sorted(ACT2FN))}")
 
 
 def _check_depth(layers: int) -> None:

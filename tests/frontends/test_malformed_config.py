@@ -78,6 +78,7 @@ def with_(base, **fields):
     ({"__class__": "x"}, "__class__", "config field '__class__' is not a valid field name"),
     ({"to_dict": 1}, "to_dict", "config field 'to_dict' names a method or property of LlamaConfig"),
     ({"tie_word_embeddings": "no"}, "tie_word_embeddings", "tie_word_embeddings is 'no'; it must be true or false"),
+    ({"hidden_act": "64"}, "hidden_act", "hidden_act '64' is not an activation transformers knows"),  # tools/fuzz.py
 ])
 def test_shape_fields_of_the_wrong_type_range_or_divisibility(tmp_path, fields, field, message) -> None:
     error = refused(tmp_path, with_(LLAMA, **fields))
