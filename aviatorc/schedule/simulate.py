@@ -9,9 +9,10 @@ Resources, as on the hardware:
   fixed latency; `wait` and `recv` block the stream; `load`, `send`, `signal`, `free` do not;
 - one LPDDR channel per card: loads from a card are served one after another, in the order
   they were issued (ties: lower chiplet first), each for bytes / the card's LPDDR bandwidth;
-- links: one die-to-die link per package, one package-to-package link per card and one
-  card-to-card bridge for the server, each serving one transfer at a time for bytes /
-  bandwidth, with its latency added to the arrival (latency overlaps the next transfer).
+- links: one die-to-die link per package, one package-to-package link per card, and one
+  card-to-card port per sending card (cards talk over bridges and a PCIe switch, not one shared
+  wire), each serving one transfer at a time for bytes / bandwidth, with its latency added to
+  the arrival (latency overlaps the next transfer).
 
 The simulator knows nothing of how the program was built; the physical bound (`bound.py`) is
 computed apart from it, so efficiency = bound / simulated is a measurement.
@@ -175,4 +176,4 @@ def _link(target: Target, a: int, b: int) -> tuple[int, tuple[int, int]]:
         return 0, (0, target.package_of(a))
     if target.card_of(a) == target.card_of(b):
         return 1, (1, target.card_of(a))
-    return 2, (2, 0)
+    return 2, (2, target.card_of(a))
