@@ -110,7 +110,7 @@ def _sweep(facts: ModelFacts, placement: Placement, weights: Sequence[WeightSpec
         except InfeasibleError as error:  # this point's activations or staging do not fit beside the weights
             out.append({"batch": batch, "context": context, "fits": False, "reason": error.message})
             continue
-        if trial.reserve_bytes > memory.reserve_bytes:
+        if any(t > m for t, m in zip(trial.reserve_bytes, memory.reserve_bytes, strict=True)):
             out.append({"batch": batch, "context": context, "fits": False,
                         "reason": "needs more SRAM beside the weights than this compile reserved"})
             continue
