@@ -68,6 +68,7 @@ class _Builder:
         self.entries: dict[int, list[Instr | _Staged]] = {c: [] for c in chiplets}
         self.location: dict[str, int] = {}  # value -> chiplet holding it whole
         self.delivered: set[tuple[str, int]] = set()
+        self.sender: dict[tuple[str, int], int] = {}  # (value, reader) -> who sends it there, if not its producer
         self.charged_layers: set[int] = set()
         self.homes = self._homes()
         self.skipped = facts.weight_chain
@@ -265,7 +266,7 @@ class _Builder:
         for value in node.inputs:
             if value is None or value is weight or value.is_initializer or value.name not in self.location:
                 continue
-            source = self.location[value.name]
+            source = self.sender.get((value.name, chiplet), self.location[value.name])
             if source == chiplet or (value.name, chiplet) in self.delivered:
                 continue
             self.delivered.add((value.name, chiplet))
@@ -275,8 +276,33 @@ class _Builder:
         """Send `value` now to every other chiplet that will read it (the recv comes at the reader)."""
         targets = sorted({c for user in value.users if user.name not in self.skipped
                           for c in self.node_chiplets[user.name] if c != source})
+        self._broadcast(value, source, targets)
+
+    def _broadcast(self, value: Value, source: int, targets: list[int]) -> None:
+        """A tree, as collective libraries broadcast: one copy crosses to each other card (then to
+        each other package), where its first reader receives it at once and forwards it to the rest
+        of its group. A copy per reader would serialize them all on the source's slowest port."""
+        nbytes = self.value_bytes(value)
+        card, package = self.target.card_of, self.target.package_of
+        level = card if any(card(c) != card(source) for c in targets) else (
+            package if any(package(c) != package(source) for c in targets) else None)
+        if level is None:
+            for c in targets:
+                self.entries[source].append(instr("send", value.name, to=c, bytes=nbytes))
+                self.sender[(value.name, c)] = source
+            return
+        groups: dict[int, list[int]] = {}
         for c in targets:
-            self.entries[source].append(instr("send", value.name, to=c, bytes=self.value_bytes(value)))
+            groups.setdefault(level(c), []).append(c)
+        for key, members in sorted(groups.items()):
+            if key == level(source):
+                self._broadcast(value, source, members)
+                continue
+            relay = members[0]
+            self.entries[source].append(instr("send", value.name, to=relay, bytes=nbytes))
+            self.entries[relay].append(instr("recv", value.name, src=source, bytes=nbytes))
+            self.delivered.add((value.name, relay))
+            self._broadcast(value, relay, members[1:])
 
     # -- loads ---------------------------------------------------------------------------
 
