@@ -44,7 +44,7 @@ PERTURB_STD = 0.02
 
 # Architectures whose decode step export_decode_onnx supports: the HF models that
 # keep their KV cache in a DynamicCache with [batch, kv_heads, past, head_dim] layers.
-DECODE_ARCHS: tuple[str, ...] = ("llama", "mistral", "qwen2", "phi3")
+DECODE_ARCHS: tuple[str, ...] = ("llama", "mistral", "qwen2", "phi3", "gpt2")
 
 
 def _config(arch: str) -> Any:
@@ -235,28 +235,35 @@ def export_onnx(
     return path
 
 
-def decode_input_names(arch: str) -> tuple[list[str], list[str]]:
-    """(input names, output names) of the decode-step graph for ``arch``."""
+CacheNaming = Literal["flat", "hf"]
+
+
+def decode_input_names(arch: str, naming: CacheNaming = "flat") -> tuple[list[str], list[str]]:
+    """(input names, output names) of the decode-step graph for ``arch``: the cache as
+    ``past_key_0`` / ``present_key_0`` (``flat``) or ``past_key_values.0.key`` /
+    ``present.0.key`` (``hf``, as Hugging Face's exporters name it)."""
     layers = config(arch).num_hidden_layers
-    cache = [f"{kv}_{i}" for i in range(layers) for kv in ("key", "value")]
-    return (
-        ["input_ids", "attention_mask", *(f"past_{c}" for c in cache)],
-        ["logits", *(f"present_{c}" for c in cache)],
-    )
+    pairs = [(i, kv) for i in range(layers) for kv in ("key", "value")]
+    if naming == "hf":
+        return (["input_ids", "attention_mask", *(f"past_key_values.{i}.{kv}" for i, kv in pairs)],
+                ["logits", *(f"present.{i}.{kv}" for i, kv in pairs)])
+    return (["input_ids", "attention_mask", *(f"past_{kv}_{i}" for i, kv in pairs)],
+            ["logits", *(f"present_{kv}_{i}" for i, kv in pairs)])
 
 
-def decode_example_inputs(arch: str, past: int = 6, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Inputs of one decode step: one new token after ``past`` cached positions (batch 1)."""
+def decode_example_inputs(arch: str, past: int = 6, seed: int = 0, new: int = 1,
+                          naming: CacheNaming = "flat") -> dict[str, torch.Tensor]:
+    """Inputs of one step: ``new`` tokens after ``past`` cached positions (batch 1)."""
     import torch
 
     cfg = config(arch)
-    kv_heads = cfg.num_key_value_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     head_dim = cfg.hidden_size // cfg.num_attention_heads
-    names, _ = decode_input_names(arch)
+    names, _ = decode_input_names(arch, naming)
     gen = torch.Generator().manual_seed(seed)
     tensors = [
-        torch.randint(3, VOCAB_SIZE, (1, 1), generator=gen, dtype=torch.int64),
-        torch.ones(1, past + 1, dtype=torch.int64),
+        torch.randint(3, VOCAB_SIZE, (1, new), generator=gen, dtype=torch.int64),
+        torch.ones(1, past + new, dtype=torch.int64),
     ]
     tensors += [torch.randn(1, kv_heads, past, head_dim, generator=gen) for _ in names[2:]]
     return dict(zip(names, tensors, strict=True))
@@ -310,12 +317,15 @@ def _decode_step_class() -> type[torch.nn.Module]:
     return DecodeStep
 
 
-def export_decode_onnx(arch: str, path: str | Path, *, opset: int = 18, seed: int = 0) -> Path:
-    """Export one decode step of ``arch`` (dynamo exporter) with a dynamic past length.
+def export_decode_onnx(arch: str, path: str | Path, *, opset: int = 18, seed: int = 0,
+                       naming: CacheNaming = "flat") -> Path:
+    """Export a step of ``arch`` with its KV cache (dynamo exporter): ``new`` tokens after a
+    ``past`` of any length, both dynamic, so one graph serves the prompt (past 0) and each
+    decode step (new 1).
 
-    Inputs: ``input_ids`` [1, 1], ``attention_mask`` [1, past + 1], ``past_key_i`` /
-    ``past_value_i`` [1, kv_heads, past, head_dim]; outputs ``logits`` and
-    ``present_key_i`` / ``present_value_i`` with past + 1 positions.
+    Inputs: ``input_ids`` [1, new], ``attention_mask`` [1, past + new], the cache
+    (``past_key_i`` / ``past_value_i``, or the ``hf`` names) [1, kv_heads, past, head_dim];
+    outputs ``logits`` [1, new, vocab] and the cache grown by ``new`` positions.
     """
     import onnx
     import torch
@@ -323,11 +333,11 @@ def export_decode_onnx(arch: str, path: str | Path, *, opset: int = 18, seed: in
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     model = build_decode_model(arch, seed)
-    inputs = decode_example_inputs(arch, seed=seed)
-    in_names, out_names = decode_input_names(arch)
-    # min=2: torch.export specializes dimensions of size 0 and 1.
-    past = torch.export.Dim("past", min=2, max=MAX_POSITIONS - 1)
-    cache_shapes = tuple({2: past} for _ in in_names[2:])
+    inputs = decode_example_inputs(arch, past=4, new=3, seed=seed, naming=naming)
+    in_names, out_names = decode_input_names(arch, naming)
+    # AUTO: torch.export infers that the mask is past + new long (named Dims cannot add two
+    # Dims); sizes 0 and 1 would be specialized, so the example has 4 past and 3 new.
+    auto = torch.export.Dim.AUTO
     torch.onnx.export(
         model,
         tuple(inputs.values()),
@@ -337,7 +347,7 @@ def export_decode_onnx(arch: str, path: str | Path, *, opset: int = 18, seed: in
         opset_version=opset,
         dynamo=True,
         verbose=False,
-        dynamic_shapes=({}, {1: past + 1}, cache_shapes),
+        dynamic_shapes=({1: auto}, {1: auto}, tuple({2: auto} for _ in in_names[2:])),
     )
     onnx.checker.check_model(str(path), full_check=True)
     return path

@@ -35,9 +35,9 @@ def onnx_model_path(
 
 
 @functools.cache
-def decode_onnx_path(arch: str, tmp_dir: Path) -> Path:
+def decode_onnx_path(arch: str, tmp_dir: Path, naming: zoo.CacheNaming = "flat") -> Path:
     """The exported decode-step ONNX file for ``arch`` (see ``zoo.export_decode_onnx``)."""
-    return zoo.export_decode_onnx(arch, tmp_dir / f"{arch}-decode.onnx")
+    return zoo.export_decode_onnx(arch, tmp_dir / f"{arch}-decode-{naming}.onnx", naming=naming)
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,16 @@ graph's inputs (names, dtypes, shapes: the plan was compiled for the graph's own
 executes the plan's `prefill` program, which processes the whole prompt the graph was built
 for. Weight tiles are read and dequantized on first use and kept for the session.
 
+Decoder graphs that carry their KV cache (`aviatorc.runtime.cache`) also generate:
+
+    tokens = session.generate(prompt_ids, max_new_tokens=32)            # greedy, as transformers
+    logits = session.prefill(slot, prompt_ids); logits = session.decode([slot], [token]); session.free(slot)
+
+`generate` runs the prompt through the `prefill` program (an empty past) and each new token
+through the `decode` program, feeding the cache each step returns to the next. The step API
+keeps one cache per slot, `num_slots` of them (the batch the plan was compiled for), each at
+most the plan's context long; the serving stack drives it.
+
 Devices: `sim` (`aviatorc.backends.sim`, the instruction streams on the CPU, checking every
 rule of the plan as it runs). `cuda` is not implemented yet.
 """
@@ -19,7 +29,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -30,12 +40,22 @@ from aviatorc.errors import OptionError
 from aviatorc.ir import Graph
 from aviatorc.ir.types import format_shape, numpy_dtype
 from aviatorc.plan.artifact import Artifact, load
+from aviatorc.runtime.cache import CacheLayout, find_cache, static_reason
 from aviatorc.runtime.errors import NotRunnableError, RuntimeInputError
+from aviatorc.runtime.sampling import check_sampling, sample
 from aviatorc.runtime.weights import WeightStore
 from aviatorc.target import Target, load_target
 
 DEVICES = ("sim", "cuda")
 RUN_PHASE = "prefill"  # a run processes the graph's whole prompt: the prefill program
+
+
+@dataclass
+class _Sequence:
+    """One sequence being generated: its KV cache (graph input name -> array) and length."""
+
+    cache: dict[str, np.ndarray]
+    length: int
 
 
 @runtime_checkable
@@ -83,11 +103,11 @@ class Session:
         self.target: Target = load_target(self.artifact.path / "target.toml")
         self.program = self.artifact.programs[RUN_PHASE]
         self.weights = WeightStore(self.artifact, self.graph)
-        from aviatorc.backends.sim import SimBackend
-
-        self._backend = SimBackend(self.program, self.graph, self.weights, sram_bytes=self.target.chiplet.sram_bytes)
+        self._backends: dict[str, Any] = {}
         self._predicted: dict[str, float] | None = None
         self.stats: RunStats | None = None
+        self.cache: CacheLayout | None = find_cache(self.graph)
+        self._slots: dict[int, _Sequence] = {}
 
     def _open(self, source: str | os.PathLike[str] | Artifact | SavesArtifact) -> Artifact:
         if isinstance(source, Artifact):
@@ -113,15 +133,138 @@ class Session:
         """The graph's outputs by name for `feeds` (input name -> array of the input's dtype and
         shape). Raises `RuntimeInputError` for bad feeds and `RuntimeFault` when the plan breaks
         a rule; either way nothing half-run is returned."""
-        arrays = self._check_feeds(feeds)
+        return self._execute(self._check_feeds(feeds), RUN_PHASE)
+
+    def _execute(self, arrays: dict[str, np.ndarray], phase: str) -> dict[str, np.ndarray]:
+        if phase not in self._backends:
+            from aviatorc.backends.sim import SimBackend
+
+            self._backends[phase] = SimBackend(self.artifact.programs[phase], self.graph, self.weights,
+                                               sram_bytes=self.target.chiplet.sram_bytes)
         start = time.perf_counter()
-        outputs, counts = self._backend.run(arrays)
+        outputs, counts = self._backends[phase].run(arrays)
         wall_s = time.perf_counter() - start
         predicted = self._predictions()
-        self.stats = RunStats(RUN_PHASE, wall_s, counts.instructions, counts.bytes_loaded, counts.bytes_sent,
+        self.stats = RunStats(phase, wall_s, counts.instructions, counts.bytes_loaded, counts.bytes_sent,
                               counts.peak_sram_bytes, self.target.chiplet.sram_bytes, predicted.get("prefill", 0.0),
                               predicted.get("decode", 0.0), self.weights.tile_bytes_read)
         return outputs
+
+    # -- generation ----------------------------------------------------------------------
+
+    @property
+    def num_slots(self) -> int:
+        """KV slots of the step API: the batch the plan was compiled for."""
+        return self.artifact.programs[RUN_PHASE].workload.batch
+
+    @property
+    def context(self) -> int:
+        """The most tokens (prompt and generated) one sequence may hold: the plan's context."""
+        return self.artifact.programs[RUN_PHASE].workload.context
+
+    def prefill(self, slot: int, ids: Any) -> np.ndarray:
+        """Start sequence `slot` with prompt `ids` (1-D token ids); the logits after its last token."""
+        if not 0 <= slot < self.num_slots:
+            raise OptionError(f"slot {slot} is out of range: the plan has {self.num_slots} KV slots (0..{self.num_slots - 1})",
+                              hint="compile with a larger --batch for more slots")
+        if slot in self._slots:
+            raise OptionError(f"slot {slot} is in use", hint="free it first")
+        sequence = _Sequence(self._empty_cache(), 0)
+        logits = self._step(sequence, self._prompt(ids), "prefill")
+        self._slots[slot] = sequence
+        return logits
+
+    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
+        """Append `tokens[i]` to sequence `slots[i]`; the next logits, one row per slot."""
+        if len(slots) != len(tokens):
+            raise OptionError(f"decode got {len(slots)} slots and {len(tokens)} tokens")
+        for slot in slots:
+            if slot not in self._slots:
+                raise OptionError(f"slot {slot} holds no sequence", hint="prefill it first")
+        # The graphs of today's exports take one sequence (batch 1): one step per slot.
+        return np.stack([self._step(self._slots[slot], np.array([[token]], dtype=np.int64), "decode")
+                         for slot, token in zip(slots, tokens)])
+
+    def free(self, slot: int) -> None:
+        """Release slot `slot` and its cache (a no-op for a free slot)."""
+        self._slots.pop(slot, None)
+
+    def slot_length(self, slot: int) -> int:
+        """Tokens held in `slot`'s cache (0 when free)."""
+        sequence = self._slots.get(slot)
+        return sequence.length if sequence else 0
+
+    def generate(self, input_ids: Any, max_new_tokens: int, *, eos_token_id: int | Sequence[int] | None = None,
+                 temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None) -> np.ndarray:
+        """The prompt followed by up to `max_new_tokens` generated ids (1-D), as `transformers`'
+        `generate` returns them; stops after an `eos_token_id`. Greedy at temperature 0."""
+        check_sampling(temperature, top_p)
+        if max_new_tokens < 0:
+            raise OptionError(f"max_new_tokens must be >= 0, not {max_new_tokens}")
+        prompt = self._prompt(input_ids)
+        stops = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
+        rng = np.random.default_rng(seed)
+        sequence = _Sequence(self._empty_cache(), 0)
+        generated: list[int] = []
+        started = time.perf_counter()
+        if max_new_tokens:
+            logits = self._step(sequence, prompt, "prefill")
+            while True:
+                token = sample(logits, temperature=temperature, top_p=top_p, rng=rng)
+                generated.append(token)
+                if token in stops or len(generated) == max_new_tokens:
+                    break
+                logits = self._step(sequence, np.array([[token]], dtype=np.int64), "decode")
+        if self.stats is not None:
+            self.stats.extra.update(generated_tokens=len(generated), generate_wall_s=time.perf_counter() - started)
+        return np.concatenate([prompt[0], np.array(generated, dtype=np.int64)])
+
+    def _require_cache(self) -> CacheLayout:
+        if self.cache is None:
+            raise NotRunnableError(f"this model cannot generate: {static_reason(self.graph)}",
+                                   file=str(self.artifact.path),
+                                   hint="export a decode step that takes and returns its KV cache "
+                                        "(see aviatorc.zoo.export_decode_onnx), or use run() on the graph's own shapes")
+        return self.cache
+
+    def _prompt(self, ids: Any) -> np.ndarray:
+        array = np.asarray(ids)
+        if array.ndim == 2 and array.shape[0] == 1:
+            array = array[0]
+        if array.ndim != 1 or array.size == 0 or not np.issubdtype(array.dtype, np.integer):
+            raise RuntimeInputError(f"a prompt is a non-empty 1-D list of token ids, not {array.dtype}{list(array.shape)}",
+                                    input="input_ids")
+        return array.astype(np.int64)[None, :]
+
+    def _empty_cache(self) -> dict[str, np.ndarray]:
+        layout = self._require_cache()
+        types = {v.name: v.type for v in self.graph.inputs}
+        cache = {}
+        for pair in layout.pairs:
+            shape = [0 if i == pair.axis else (d if isinstance(d, int) else 1)
+                     for i, d in enumerate(types[pair.past].shape)]
+            cache[pair.past] = np.zeros(shape, dtype=numpy_dtype(types[pair.past].dtype))
+        return cache
+
+    def _step(self, sequence: _Sequence, ids: np.ndarray, phase: str) -> np.ndarray:
+        """Run `ids` [1, n] after `sequence`'s cache; grow the cache; the last position's logits."""
+        layout = self._require_cache()
+        new = ids.shape[1]
+        if sequence.length + new > self.context:
+            raise RuntimeInputError(f"the sequence would hold {sequence.length + new} tokens but the plan was compiled "
+                                    f"for a context of {self.context}", input=layout.ids,
+                                    hint="compile with a larger --context")
+        total = sequence.length + new
+        feeds: dict[str, np.ndarray] = {layout.ids: ids, **sequence.cache}
+        if layout.attention_mask:
+            feeds[layout.attention_mask] = np.ones((1, total), dtype=np.int64)
+        if layout.position_ids:
+            feeds[layout.position_ids] = np.arange(sequence.length, total, dtype=np.int64)[None, :]
+        outputs = self._execute(self._check_feeds(feeds), phase)
+        for pair in layout.pairs:
+            sequence.cache[pair.past] = outputs[pair.present]
+        sequence.length = total
+        return outputs[layout.logits][0, -1]
 
     def _predictions(self) -> dict[str, float]:
         """Each phase's simulated step on the plan's target (computed once, after a run succeeded)."""

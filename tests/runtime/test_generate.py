@@ -1,0 +1,138 @@
+"""Generation on the sim runtime: decoder graphs that carry their KV cache, compiled from an ONNX
+decode export (`aviatorc.zoo.export_decode_onnx`: one graph, dynamic past and new lengths).
+
+- greedy generation of 32 tokens equals `transformers`' `generate` token for token (tiny GPT-2,
+  Llama, Qwen2; both cache naming conventions);
+- the step API (`prefill` / `decode` / `free`) interleaving two sequences gives what each gives
+  alone, within the plan's KV slots and context;
+- sampling is seeded and keeps to its nucleus; graphs that cannot generate say why.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import aviatorc
+from aviatorc import zoo
+from aviatorc.errors import OptionError
+from aviatorc.runtime import NotRunnableError, RuntimeInputError, Session
+from aviatorc.runtime.cache import find_cache
+from aviatorc.runtime.sampling import sample
+from tests.zoo_fixtures import decode_onnx_path, zoo_dir, zoo_onnx  # noqa: F401
+
+NEW_TOKENS = 32
+CONTEXT = 48  # prompt 8 + 32 new fit; the zoo's models know 64 positions
+
+
+@pytest.fixture(scope="module")
+def sessions(zoo_dir):  # noqa: F811
+    cache: dict[tuple[str, str], Session] = {}
+
+    def get(arch: str, naming: str = "flat") -> Session:
+        if (arch, naming) not in cache:
+            path = decode_onnx_path(arch, zoo_dir, naming)
+            cache[arch, naming] = Session(aviatorc.compile(str(path), target="mock", context=CONTEXT, prompt=8,
+                                                           batch=2, time_limit_s=1.0))
+        return cache[arch, naming]
+
+    return get
+
+
+def prompt(arch: str, seed: int = 0) -> np.ndarray:
+    return zoo.example_inputs(arch, seed=seed)["input_ids"][0].numpy()
+
+
+def transformers_greedy(arch: str, ids: np.ndarray, new: int) -> np.ndarray:
+    model = zoo.build_model(arch).inner.eval()
+    batch = torch.from_numpy(ids)[None, :]
+    with torch.no_grad():
+        out = model.generate(batch, attention_mask=torch.ones_like(batch), max_new_tokens=new, min_new_tokens=new,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0].numpy()
+
+
+@pytest.mark.parametrize("arch, naming", [("gpt2", "flat"), ("llama", "flat"), ("qwen2", "hf")])
+def test_greedy_generation_equals_transformers_token_for_token(arch, naming, sessions):
+    session = sessions(arch, naming)
+    ids = prompt(arch)
+    ours = session.generate(ids, NEW_TOKENS)
+    want = transformers_greedy(arch, ids, NEW_TOKENS)
+    assert len(ours) == len(ids) + NEW_TOKENS
+    np.testing.assert_array_equal(ours, want)
+    assert session.stats is not None and session.stats.phase == "decode"
+    assert session.stats.extra["generated_tokens"] == NEW_TOKENS
+
+
+def test_the_cache_is_recognized_under_both_namings(sessions):
+    for naming, past, present in [("flat", "past_key_0", "present_key_0"),
+                                  ("hf", "past_key_values.0.key", "present.0.key")]:
+        layout = sessions("qwen2", naming).cache
+        assert layout is not None and layout.attention_mask == "attention_mask"
+        pair = layout.pairs[0]
+        assert (pair.past, pair.present, pair.axis, pair.kind) == (past, present, 2, "key")
+        assert len(layout.pairs) == 2 * zoo.config("qwen2").num_hidden_layers
+
+
+def test_interleaved_slots_give_what_each_sequence_gives_alone(sessions):
+    session = sessions("llama")
+    assert session.num_slots == 2 and session.context == CONTEXT
+    a, b = prompt("llama", seed=1), prompt("llama", seed=2)[:5]
+    alone = [session.generate(x, 6)[len(x):].tolist() for x in (a, b)]
+    logits = [session.prefill(0, a), session.prefill(1, b)]
+    got: list[list[int]] = [[], []]
+    for _ in range(6):
+        tokens = [int(np.argmax(row)) for row in logits]
+        for i, t in enumerate(tokens):
+            got[i].append(t)
+        logits = list(session.decode([0, 1], tokens))
+    assert got == alone and got[0] != got[1]
+    assert session.slot_length(0) == len(a) + 6 and session.slot_length(1) == len(b) + 6
+    session.free(0)
+    assert session.slot_length(0) == 0
+    with pytest.raises(OptionError, match="holds no sequence"):
+        session.decode([0], [1])
+    with pytest.raises(OptionError, match="in use"):
+        session.prefill(1, b)
+    with pytest.raises(OptionError, match="2 KV slots"):
+        session.prefill(2, b)
+    session.free(1)
+
+
+def test_generation_stops_at_eos_and_at_the_plans_context(sessions):
+    session = sessions("llama")
+    ids = prompt("llama")
+    greedy = session.generate(ids, 10)
+    eos = int(greedy[len(ids) + 3])
+    stopped = session.generate(ids, 10, eos_token_id=eos)
+    first = len(ids) + greedy[len(ids):].tolist().index(eos)
+    np.testing.assert_array_equal(stopped, greedy[:first + 1])
+    with pytest.raises(RuntimeInputError, match=f"context of {CONTEXT}"):
+        session.generate(ids, CONTEXT)
+
+
+def test_sampling_is_seeded_and_keeps_to_its_nucleus(sessions):
+    session = sessions("gpt2")
+    ids = prompt("gpt2")
+    one = session.generate(ids, 8, temperature=1.0, seed=7)
+    assert np.array_equal(one, session.generate(ids, 8, temperature=1.0, seed=7))
+    assert not np.array_equal(one, session.generate(ids, 8, temperature=1.0, seed=8))
+    np.testing.assert_array_equal(session.generate(ids, 8, temperature=1.0, top_p=1e-6, seed=3),
+                                  session.generate(ids, 8))  # a nucleus of one token is greedy
+
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    rng = np.random.default_rng(0)
+    draws = np.bincount([sample(logits, temperature=1.0, top_p=0.75, rng=rng) for _ in range(4000)], minlength=4)
+    assert draws[2] == draws[3] == 0  # 0.5 + 0.3 is the smallest set reaching top_p: the tail is never drawn
+    assert draws[0] / draws[:2].sum() == pytest.approx(0.5 / 0.8, abs=0.03)
+    with pytest.raises(OptionError, match="top_p"):
+        sample(logits, temperature=1.0, top_p=0)
+
+
+def test_a_static_shape_export_says_why_it_cannot_generate(zoo_onnx):  # noqa: F811
+    art = aviatorc.compile(str(zoo_onnx("llama", "legacy")), target="mock", context=64, prompt=8, time_limit_s=1.0)
+    session = Session(art)
+    assert find_cache(session.graph) is None
+    with pytest.raises(NotRunnableError, match="static sequence length \\(8\\)"):
+        session.generate(prompt("llama"), 4)
