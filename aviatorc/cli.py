@@ -2,6 +2,8 @@
 
     aviatorc inspect MODEL
     aviatorc compile MODEL -o OUT [--target T] [--cards N] [--quant int8|int4|mxint8|mxint4] ...
+    aviatorc run ARTIFACT --inputs feeds.npz [--output out.npz]
+    aviatorc generate ARTIFACT --prompt-ids 1,2,3 | --prompt TEXT --tokenizer DIR [--max-new-tokens 32]
     aviatorc passes | aviatorc ops | aviatorc target list | aviatorc target show NAME [--resolved]
 
 A user error prints one line to stderr and exits with status 1; `--debug` shows the traceback.
@@ -129,6 +131,28 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(handler=cmd_compile)
 
+    p = sub.add_parser("run", help="run a compiled artifact on inputs from an .npz file (sim device)")
+    p.add_argument("artifact", help="an artifact directory written by `aviatorc compile`")
+    p.add_argument("--inputs", required=True, metavar="FEEDS.npz", help="one array per graph input, by name")
+    p.add_argument("--output", metavar="OUT.npz", help="write the outputs here (default: print a summary)")
+    p.add_argument("--device", choices=("sim", "cuda"), default="sim")
+    p.set_defaults(handler=cmd_run)
+
+    p = sub.add_parser("generate", help="generate tokens with a compiled decoder that carries its KV cache")
+    p.add_argument("artifact", help="an artifact directory written by `aviatorc compile`")
+    prompt = p.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt-ids", metavar="IDS", help="comma-separated token ids, like 1,2,3")
+    prompt.add_argument("--prompt", metavar="TEXT", help="prompt text (needs --tokenizer)")
+    p.add_argument("--tokenizer", metavar="DIR", help="a folder with a Hugging Face tokenizer (tokenizer.json)")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, help="sampling seed")
+    p.add_argument("--eos-token-id", type=int, action="append", help="stop after this id (repeatable; default: "
+                   "the tokenizer's end-of-sequence id)")
+    p.add_argument("--device", choices=("sim", "cuda"), default="sim")
+    p.set_defaults(handler=cmd_generate)
+
     p = sub.add_parser("passes", help="list the passes")
     p.set_defaults(handler=cmd_passes)
 
@@ -233,6 +257,72 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
             console.print(render_table(result.placement))
         console.print(f"wrote {out}/ in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from aviatorc.errors import OptionError
+    from aviatorc.plan.artifact import write_file_atomically
+    from aviatorc.runtime import Session
+
+    if args.output:
+        from aviatorc.plan.artifact import check_output_path
+
+        check_output_path(args.output, directory=False)
+    session = Session(args.artifact, device=args.device)
+    path = Path(args.inputs)
+    try:  # allow_pickle=False: an .npz of object arrays would unpickle untrusted data
+        with np.load(path, allow_pickle=False) as data:
+            feeds = {name: data[name] for name in data.files}
+    except (OSError, ValueError) as error:
+        raise OptionError(f"{path}: cannot read the inputs: {error}",
+                          hint="save them with numpy.savez(path, name=array, ...)") from None
+    outputs = session.run(feeds)
+    if args.output:
+        import io
+
+        buffer = io.BytesIO()
+        np.savez(buffer, **outputs)  # type: ignore[arg-type]  # numpy's stub types allow_pickle as a kwarg
+        write_file_atomically(Path(args.output), buffer.getvalue())
+        print(f"wrote {len(outputs)} output(s) to {args.output}")
+    else:
+        for name, array in outputs.items():
+            print(f"{name}: {array.dtype}{list(array.shape)} mean {float(array.mean()):.6g} "
+                  f"min {float(array.min()):.6g} max {float(array.max()):.6g}")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from aviatorc.errors import OptionError
+    from aviatorc.runtime import Session
+
+    tokenizer: Any = None
+    if args.tokenizer:
+        from aviatorc.runtime.text import load_tokenizer
+
+        tokenizer = load_tokenizer(args.tokenizer)
+    if args.prompt is not None and tokenizer is None:
+        raise OptionError("--prompt TEXT needs --tokenizer DIR", hint="or give token ids with --prompt-ids 1,2,3")
+    if args.prompt_ids is not None:
+        try:
+            ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
+        except ValueError:
+            raise OptionError(f"--prompt-ids must be comma-separated integers, not '{args.prompt_ids}'") from None
+    else:
+        ids = tokenizer.encode(args.prompt)
+    eos = args.eos_token_id
+    if eos is None and tokenizer is not None and tokenizer.eos_token_id is not None:
+        eos = [tokenizer.eos_token_id]
+    session = Session(args.artifact, device=args.device)
+    tokens = session.generate(ids, args.max_new_tokens, eos_token_id=eos, temperature=args.temperature,
+                              top_p=args.top_p, seed=args.seed)
+    new = [int(t) for t in tokens[len(ids):]]
+    if tokenizer is not None:
+        print(tokenizer.decode(new))
+    else:
+        print(",".join(str(t) for t in new))
     return 0
 
 

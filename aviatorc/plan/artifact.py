@@ -84,6 +84,22 @@ def write_artifact(out: str | os.PathLike[str], files: Mapping[str, bytes]) -> P
     return write_directory_atomically(Path(out), {**files, MANIFEST: to_json_bytes(manifest)})
 
 
+def write_file_atomically(out: Path, data: bytes) -> Path:
+    """Write `data` to a temporary file beside `out`, then rename it to `out` (mode 0644)."""
+    out = Path(os.path.abspath(out))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    handle, staging = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+        os.chmod(staging, 0o644)
+        os.replace(staging, out)
+    finally:
+        if os.path.exists(staging):
+            os.unlink(staging)
+    return out
+
+
 def write_directory_atomically(out: Path, files: Mapping[str, bytes]) -> Path:
     """Write `files` into a fresh staging folder beside `out`, then rename it to `out`.
 
@@ -119,11 +135,11 @@ def write_directory_atomically(out: Path, files: Mapping[str, bytes]) -> Path:
     return out
 
 
-def check_output_path(out: str | os.PathLike[str]) -> None:
-    """Refuse an output path a compile could not write, before the compile spends its time."""
+def check_output_path(out: str | os.PathLike[str], *, directory: bool = True) -> None:
+    """Refuse an output path (a folder, or a file) that could not be written, before the work."""
     path = Path(os.path.abspath(out))
-    if path.exists() and not path.is_dir():
-        raise OptionError(f"output '{path}' exists and is not a directory")
+    if path.exists() and path.is_dir() != directory:
+        raise OptionError(f"output '{path}' exists and is {'not ' if directory else ''}a directory")
     parent = path.parent
     while not parent.exists():
         parent = parent.parent

@@ -10,6 +10,10 @@ decode export (`aviatorc.zoo.export_decode_onnx`: one graph, dynamic past and ne
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -136,3 +140,60 @@ def test_a_static_shape_export_says_why_it_cannot_generate(zoo_onnx):  # noqa: F
     assert find_cache(session.graph) is None
     with pytest.raises(NotRunnableError, match="static sequence length \\(8\\)"):
         session.generate(prompt("llama"), 4)
+
+
+# -- the command line ----------------------------------------------------------------------
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "aviatorc", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def llama_artifact(sessions, tmp_path_factory):
+    return sessions("llama").artifact.path
+
+
+def word_tokenizer(folder: Path) -> Path:
+    """A word-level tokenizer over the zoo's 128 ids ("w0" .. "w127"), saved as a HF folder."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(zoo.VOCAB_SIZE)}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="w0").save_pretrained(str(folder))
+    return folder
+
+
+def test_cli_generate_prints_the_sessions_tokens_as_ids_and_as_text(sessions, llama_artifact, tmp_path):
+    ids = prompt("llama")
+    want = sessions("llama").generate(ids, 12)[len(ids):].tolist()
+    done = cli("generate", str(llama_artifact), "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", "12")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ",".join(map(str, want))
+    folder = word_tokenizer(tmp_path / "tok")
+    text = " ".join(f"w{i}" for i in ids)
+    done = cli("generate", str(llama_artifact), "--prompt", text, "--tokenizer", str(folder), "--max-new-tokens", "12")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [f"w{i}" for i in want]
+    done = cli("generate", str(llama_artifact), "--prompt", text, "--max-new-tokens", "2")
+    assert done.returncode == 1 and "needs --tokenizer" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_cli_run_writes_the_sessions_outputs_and_nothing_on_bad_input(sessions, llama_artifact, tmp_path):
+    feeds = {k: v.numpy() for k, v in zoo.decode_example_inputs("llama", past=3, new=2).items()}
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    out = tmp_path / "out.npz"
+    done = cli("run", str(llama_artifact), "--inputs", str(tmp_path / "feeds.npz"), "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    want = sessions("llama").run(feeds)
+    with np.load(out) as got:
+        assert sorted(got.files) == sorted(want)
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name])
+    np.savez(tmp_path / "bad.npz", **{**feeds, "input_ids": feeds["input_ids"].astype(np.int32)})
+    bad_out = tmp_path / "bad-out.npz"
+    done = cli("run", str(llama_artifact), "--inputs", str(tmp_path / "bad.npz"), "--output", str(bad_out))
+    assert done.returncode == 1 and "input_ids" in done.stderr and "Traceback" not in done.stderr
+    assert not bad_out.exists() and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []

@@ -1,0 +1,28 @@
+"""Tokenizers for text in and out of `generate`: a local Hugging Face tokenizer folder.
+
+    tokenizer = load_tokenizer("path/to/model")   # tokenizer.json (+ tokenizer_config.json)
+    ids = tokenizer.encode("Hello"); text = tokenizer.decode(ids)
+
+Read with `transformers.AutoTokenizer` from local files only (nothing is downloaded, no code
+from the folder runs). Not read yet: the tokenizer inside a GGUF file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from aviatorc.errors import OptionError
+
+
+def load_tokenizer(folder: str | Path) -> Any:
+    path = Path(folder)
+    if not path.is_dir():
+        raise OptionError(f"tokenizer folder '{path}' does not exist", hint="give the folder holding tokenizer.json")
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, KeyError) as error:
+        raise OptionError(f"{path}: cannot load a tokenizer: {str(error).splitlines()[0]}",
+                          hint="the folder needs a tokenizer.json or the files of a slow tokenizer") from None
