@@ -279,42 +279,9 @@ def build_decode_model(arch: str, seed: int = 0) -> torch.nn.Module:
     if arch not in DECODE_ARCHS:
         raise ValueError(f"no decode-step export for {arch!r}; choose one of {', '.join(DECODE_ARCHS)}")
     inner = build_model(arch, seed).inner
-    return _decode_step_class()(inner).eval()
+    from aviatorc.frontends.torch.decoder import decode_step_class
 
-
-@functools.cache
-def _decode_step_class() -> type[torch.nn.Module]:
-    import torch
-    from transformers import DynamicCache
-
-    class DecodeStep(torch.nn.Module):
-        """Rebuilds a DynamicCache from flat tensors so the exported graph has plain I/O."""
-
-        def __init__(self, inner: torch.nn.Module) -> None:
-            super().__init__()
-            self.inner = inner
-
-        def forward(
-            self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *past_kv: torch.Tensor
-        ) -> tuple[torch.Tensor, ...]:
-            cfg: Any = self.inner.config
-            cache = DynamicCache(config=cfg)
-            for layer in range(cfg.num_hidden_layers):
-                cache.update(past_kv[2 * layer], past_kv[2 * layer + 1], layer)
-            # Explicit positions: past .. past + new - 1 (this is what puts Range in the graph).
-            past = past_kv[0].shape[2]
-            position_ids = torch.arange(past, past + input_ids.shape[1]).unsqueeze(0)
-            out = self.inner(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                cache=cache,
-                use_cache=True,
-            )
-            present = [t for layer in cache.layers for t in (layer.keys, layer.values)]  # type: ignore[union-attr]
-            return (out.logits, *present)
-
-    return DecodeStep
+    return decode_step_class()(inner).eval()
 
 
 def export_decode_onnx(arch: str, path: str | Path, *, opset: int = 18, seed: int = 0,

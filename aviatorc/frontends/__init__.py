@@ -20,6 +20,8 @@ def import_model(source: Any, example_inputs: Any = None, **options: Any) -> Gra
     imported shape-only), a `torch.nn.Module` (with `example_inputs`: a tuple of positional
     tensors or a dict of keyword tensors), a `torch.fx.GraphModule`, or an aviatorc IR `Graph`
     (verified and copied, so a pipeline that already holds the IR can compile it several ways).
+    A transformers causal LM given without example inputs imports as its step graph with the
+    KV cache as inputs and outputs (`aviatorc.frontends.torch.decoder`), ready to generate.
     """
     if isinstance(source, Graph):
         from aviatorc.ir import verify
@@ -41,5 +43,8 @@ def import_model(source: Any, example_inputs: Any = None, **options: Any) -> Gra
         raise OptionError(f"cannot tell the model format of '{path}'",
                           hint="pass an .onnx file, a Hugging Face config.json, or a torch module")
     from aviatorc.frontends.torch import import_torch
+    from aviatorc.frontends.torch.decoder import import_decoder, is_decoder
 
+    if example_inputs is None and is_decoder(source):
+        return import_decoder(source, **options)
     return import_torch(source, example_inputs, **options)

@@ -148,6 +148,17 @@ class Graph:
         self._names.add(name)
         return name
 
+    def rename(self, value: Value, name: str) -> None:
+        """Give `value` (an input, initializer or node output of this graph) a new, unused name."""
+        if name == value.name:
+            return
+        self._claim(name)
+        self._names.discard(value.name)
+        if self.initializers.get(value.name) is value:
+            del self.initializers[value.name]
+            self.initializers[name] = value
+        value.name = name
+
     def add_input(self, name: str, type: TensorType) -> Value:
         value = Value(self._claim(name), type)
         self.inputs.append(value)

@@ -1,5 +1,6 @@
 """Generation on the sim runtime: decoder graphs that carry their KV cache, compiled from an ONNX
-decode export (`aviatorc.zoo.export_decode_onnx`: one graph, dynamic past and new lengths).
+decode export (`aviatorc.zoo.export_decode_onnx`: one graph, dynamic past and new lengths) and
+from the torch module itself (the compiler builds the step graph: `frontends.torch.decoder`).
 
 - greedy generation of 32 tokens equals `transformers`' `generate` token for token (tiny GPT-2,
   Llama, Qwen2; both cache naming conventions);
@@ -34,12 +35,14 @@ CONTEXT = 48  # prompt 8 + 32 new fit; the zoo's models know 64 positions
 def sessions(zoo_dir):  # noqa: F811
     cache: dict[tuple[str, str], Session] = {}
 
-    def get(arch: str, naming: str = "flat") -> Session:
-        if (arch, naming) not in cache:
-            path = decode_onnx_path(arch, zoo_dir, naming)
-            cache[arch, naming] = Session(aviatorc.compile(str(path), target="mock", context=CONTEXT, prompt=8,
+    def get(arch: str, source: str = "flat") -> Session:
+        """`source`: "torch" (the zoo's module), or the cache naming of an ONNX decode export."""
+        if (arch, source) not in cache:
+            model = zoo.build_model(arch).inner.eval() if source == "torch" else str(
+                decode_onnx_path(arch, zoo_dir, source))
+            cache[arch, source] = Session(aviatorc.compile(model, target="mock", context=CONTEXT, prompt=8,
                                                            batch=2, time_limit_s=1.0))
-        return cache[arch, naming]
+        return cache[arch, source]
 
     return get
 
@@ -57,9 +60,10 @@ def transformers_greedy(arch: str, ids: np.ndarray, new: int) -> np.ndarray:
     return out[0].numpy()
 
 
-@pytest.mark.parametrize("arch, naming", [("gpt2", "flat"), ("llama", "flat"), ("qwen2", "hf")])
-def test_greedy_generation_equals_transformers_token_for_token(arch, naming, sessions):
-    session = sessions(arch, naming)
+@pytest.mark.parametrize("arch, source", [("gpt2", "flat"), ("llama", "flat"), ("qwen2", "hf"),
+                                          ("gpt2", "torch"), ("llama", "torch"), ("qwen2", "torch")])
+def test_greedy_generation_equals_transformers_token_for_token(arch, source, sessions):
+    session = sessions(arch, source)
     ids = prompt(arch)
     ours = session.generate(ids, NEW_TOKENS)
     want = transformers_greedy(arch, ids, NEW_TOKENS)
@@ -70,9 +74,10 @@ def test_greedy_generation_equals_transformers_token_for_token(arch, naming, ses
 
 
 def test_the_cache_is_recognized_under_both_namings(sessions):
-    for naming, past, present in [("flat", "past_key_0", "present_key_0"),
-                                  ("hf", "past_key_values.0.key", "present.0.key")]:
-        layout = sessions("qwen2", naming).cache
+    for source, past, present in [("flat", "past_key_0", "present_key_0"),
+                                  ("hf", "past_key_values.0.key", "present.0.key"),
+                                  ("torch", "past_key_values.0.key", "present.0.key")]:
+        layout = sessions("qwen2", source).cache
         assert layout is not None and layout.attention_mask == "attention_mask"
         pair = layout.pairs[0]
         assert (pair.past, pair.present, pair.axis, pair.kind) == (past, present, 2, "key")

@@ -1,0 +1,125 @@
+"""A causal language model as one step graph that takes and returns its KV cache.
+
+    graph = import_decoder(model)            # a transformers causal LM, real or on the meta device
+
+The graph runs `new` tokens after a cache of `past` positions, both lengths symbolic, so the
+same graph serves the prompt (an empty past) and each decode step (one new token):
+
+    inputs:  input_ids [1, new], attention_mask [1, past + new],
+             past_key_values.N.key / .value [1, kv_heads, past, head_dim] for each layer N
+    outputs: logits [1, new, vocab], present.N.key / .value [1, kv_heads, past + new, head_dim]
+
+(the names of Hugging Face's ONNX exporters, which `aviatorc.runtime.cache` recognizes). The
+model is wrapped so the cache is plain tensors (`DecodeStep` rebuilds a `DynamicCache` from
+them) and exported with `torch.export`; positions are `past .. past + new - 1`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+from aviatorc.errors import OptionError
+
+if TYPE_CHECKING:
+    import torch
+
+    from aviatorc.ir import Graph
+
+# Example lengths: neither 0 nor 1 (torch.export specializes those), and unequal, so the
+# exporter keeps `new` and `past` apart.
+EXAMPLE_NEW = 3
+EXAMPLE_PAST = 4
+
+
+def is_decoder(module: Any) -> bool:
+    """A transformers model that generates (a causal-LM head over a decoder)."""
+    can_generate = getattr(module, "can_generate", None)
+    config = getattr(module, "config", None)
+    return bool(callable(can_generate) and can_generate() and getattr(config, "num_hidden_layers", None))
+
+
+@functools.cache
+def decode_step_class() -> type[torch.nn.Module]:
+    import torch
+    from transformers import DynamicCache
+
+    class DecodeStep(torch.nn.Module):
+        """`forward(input_ids, attention_mask, *past_kv) -> (logits, *present_kv)`, the cache flat:
+        key_0, value_0, key_1, ... each [batch, kv_heads, past, head_dim]."""
+
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    *past_kv: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            cfg: Any = self.inner.config
+            cache = DynamicCache(config=cfg)
+            for layer in range(cfg.num_hidden_layers):
+                cache.update(past_kv[2 * layer], past_kv[2 * layer + 1], layer)
+            past = past_kv[0].shape[2]
+            position_ids = torch.arange(past, past + input_ids.shape[1]).unsqueeze(0)
+            out = self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             cache=cache, use_cache=True)
+            present = [t for layer in cache.layers for t in (layer.keys, layer.values)]  # type: ignore[union-attr]
+            return (out.logits, *present)
+
+    return DecodeStep
+
+
+def cache_shape(model: Any) -> tuple[int, int]:
+    """(kv_heads, head_dim) of the model's cache, from its config."""
+    cfg = model.config
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return int(kv_heads), int(head_dim)
+
+
+def example_step(model: Any, new: int = EXAMPLE_NEW, past: int = EXAMPLE_PAST, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Inputs of one step of `model` (batch 1): `new` tokens after `past` cached positions."""
+    import torch
+
+    from aviatorc.frontends.torch import exporter
+
+    device = "meta" if exporter.parameter_device(model) == "meta" else "cpu"
+    dtype = next(model.parameters()).dtype
+    kv_heads, head_dim = cache_shape(model)
+    gen = torch.Generator().manual_seed(seed)
+    vocab = int(model.config.vocab_size)
+    ids = torch.randint(0, vocab, (1, new), generator=gen, dtype=torch.int64)
+    mask = torch.ones(1, past + new, dtype=torch.int64)
+    cache = [torch.randn(1, kv_heads, past, head_dim, generator=gen).to(dtype)
+             for _ in range(2 * model.config.num_hidden_layers)]
+    return tuple(t.to(device) for t in (ids, mask, *cache))
+
+
+def cache_names(layers: int) -> tuple[list[str], list[str]]:
+    """(past input names, present output names), layer by layer, key before value."""
+    pairs = [(i, kv) for i in range(layers) for kv in ("key", "value")]
+    return [f"past_key_values.{i}.{kv}" for i, kv in pairs], [f"present.{i}.{kv}" for i, kv in pairs]
+
+
+def import_decoder(model: torch.nn.Module, *, name: str | None = None) -> Graph:
+    """The step graph of a transformers causal LM (see the module docstring)."""
+    import torch
+
+    from aviatorc.frontends.torch import import_torch
+
+    if not is_decoder(model):
+        raise OptionError(f"{type(model).__name__} is not a transformers causal language model",
+                          hint="pass example_inputs to import its forward instead")
+    step = decode_step_class()(model).eval()
+    inputs = example_step(model)
+    auto = torch.export.Dim.AUTO
+    layers = int(model.config.num_hidden_layers)  # type: ignore[union-attr, arg-type]
+    graph = import_torch(step, inputs, dynamic_shapes=({1: auto}, {1: auto}, tuple({2: auto} for _ in range(2 * layers))),
+                         name=name or type(model).__name__)
+    past, present = cache_names(layers)
+    for value, new_name in zip(graph.inputs, ["input_ids", "attention_mask", *past], strict=True):
+        graph.rename(value, new_name)
+    for value, new_name in zip(graph.outputs, ["logits", *present], strict=True):
+        graph.rename(value, new_name)
+    graph.metadata["decoder"] = "kv-cache-io"
+    return graph
