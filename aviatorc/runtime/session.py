@@ -266,6 +266,21 @@ class Session:
         sequence.length = total
         return outputs[layout.logits][0, -1]
 
+    def trace(self, path: str | os.PathLike[str] | None = None, *, phase: str | None = None) -> dict[str, Any]:
+        """The simulated timeline of `phase` (default: the last run's) as Chrome trace / Perfetto
+        JSON, written to `path` if given: what the run would take on the plan's target."""
+        from aviatorc.plan.artifact import to_json_bytes, write_file_atomically
+        from aviatorc.schedule import simulate
+        from aviatorc.schedule.trace import chrome_trace
+
+        phase = phase or (self.stats.phase if self.stats else RUN_PHASE)
+        if phase not in self.artifact.programs:
+            raise OptionError(f"the plan has no '{phase}' program", hint=f"choose one of {', '.join(sorted(self.artifact.programs))}")
+        trace = chrome_trace(simulate(self.artifact.programs[phase], self.target), name=f"{phase} step")
+        if path is not None:
+            write_file_atomically(Path(path), to_json_bytes(trace))
+        return trace
+
     def _predictions(self) -> dict[str, float]:
         """Each phase's simulated step on the plan's target (computed once, after a run succeeded)."""
         if self._predicted is None:

@@ -202,3 +202,17 @@ def test_cli_run_writes_the_sessions_outputs_and_nothing_on_bad_input(sessions, 
     done = cli("run", str(llama_artifact), "--inputs", str(tmp_path / "bad.npz"), "--output", str(bad_out))
     assert done.returncode == 1 and "input_ids" in done.stderr and "Traceback" not in done.stderr
     assert not bad_out.exists() and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_the_last_steps_timeline_is_written_as_a_chrome_trace(sessions, tmp_path):
+    import json
+
+    session = sessions("llama")
+    session.generate(prompt("llama"), 2)
+    trace = session.trace(tmp_path / "decode.json")
+    assert json.loads((tmp_path / "decode.json").read_text()) == trace
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert trace["traceEvents"][0]["args"]["name"] == "decode step"
+    end = max(e["ts"] + e["dur"] for e in spans) * 1e-6
+    assert end == pytest.approx(session.stats.predicted_decode_s, rel=1e-6)
+    assert {e["cat"] for e in spans} >= {"compute", "send"}
