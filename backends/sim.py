@@ -101,6 +101,7 @@ class SimBackend:
                 self.signalled.add(ins["event"])
         self.sends = frozenset(sends)
         self.attrs = {n.name: self._attrs(n) for n in graph.nodes}
+        self._strips: dict[tuple[str, int, int], np.ndarray] = {}
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -120,6 +121,14 @@ class SimBackend:
         attrs = get_op(node.op).resolve_attrs(node.attrs, node.name)
         attrs["_num_outputs"] = len(node.outputs)
         return attrs
+
+    def strip(self, tile_id: str, a: int, b: int, dtype: np.dtype) -> np.ndarray:
+        """Columns [a, b) of a tile's dequantized matrix, contiguous, cached for the session."""
+        key = (tile_id, a, b)
+        found = self._strips.get(key)
+        if found is None:
+            found = self._strips[key] = np.ascontiguousarray(self.weights.tile(tile_id)[:, a:b], dtype=dtype)
+        return found
 
     def _output(self, name: str) -> Value:
         node = self.nodes[name]
@@ -425,7 +434,7 @@ class _Run:
         if not n0 <= start < stop <= n1:
             raise self.fault(c, step, "bad-part", f"columns [{start}, {stop}) lie outside tile {tile_id}'s "
                              f"[{n0}, {n1})")
-        w_kn = self.b.weights.tile(tile_id)[:, start - n0:stop - n0].astype(self._weight_dtype(node, 1), copy=False)
+        w_kn = self.b.strip(tile_id, start - n0, stop - n0, self._weight_dtype(node, 1))
         x = self._read(c, step, self._input_name(node, 0))
         return np.matmul(x, w_kn).astype(x.dtype, copy=False)  # as the MatMul kernel: numpy's bf16 runs in fp32
 

@@ -103,7 +103,12 @@ class Session:
         self.target: Target = load_target(self.artifact.path / "target.toml")
         self.program = self.artifact.programs[RUN_PHASE]
         self.weights = WeightStore(self.artifact, self.graph)
-        self._backends: dict[str, Any] = {}
+        from aviatorc.backends.sim import SimBackend
+
+        # Every program's backend now: one whose held buffers overflow the SRAM is refused here.
+        self._backends = {phase: SimBackend(program, self.graph, self.weights, sram_bytes=self.target.chiplet.sram_bytes)
+                          for phase, program in sorted(self.artifact.programs.items())}
+        self._backend = self._backends[RUN_PHASE]
         self._predicted: dict[str, float] | None = None
         self.stats: RunStats | None = None
         self.cache: CacheLayout | None = find_cache(self.graph)
@@ -136,11 +141,6 @@ class Session:
         return self._execute(self._check_feeds(feeds), RUN_PHASE)
 
     def _execute(self, arrays: dict[str, np.ndarray], phase: str) -> dict[str, np.ndarray]:
-        if phase not in self._backends:
-            from aviatorc.backends.sim import SimBackend
-
-            self._backends[phase] = SimBackend(self.artifact.programs[phase], self.graph, self.weights,
-                                               sram_bytes=self.target.chiplet.sram_bytes)
         start = time.perf_counter()
         outputs, counts = self._backends[phase].run(arrays)
         wall_s = time.perf_counter() - start
