@@ -19,6 +19,8 @@ ORDER = [
     ("bench_quant_minilm", "python tools/bench_quant.py --only minilm"),
     ("bench_quant_smollm2", "python tools/bench_quant.py --only smollm2"),
     ("bench_partition", "python tools/bench_partition.py"),
+    ("bench_plan", "python tools/bench_plan.py"),
+    ("bench_runtime", "python tools/bench_runtime.py"),
     ("fuzz", "python tools/fuzz.py --budget 2000"),
 ]
 
@@ -30,7 +32,8 @@ def main() -> None:
         "rerun it, then `python tools/update_benchmarks.py` to rebuild this page.\n",
     ]
     known = {name for name, _ in ORDER}
-    extra = sorted(p.stem for p in RESULTS.glob("*.md") if p.stem not in known)
+    # A campaign still running writes `<name>.partial.md`: not a result yet.
+    extra = sorted(p.stem for p in RESULTS.glob("*.md") if p.stem not in known and not p.stem.endswith(".partial"))
     for name, command in ORDER + [(n, f"python tools/{n}.py") for n in extra]:
         path = RESULTS / f"{name}.md"
         if not path.exists():
