@@ -436,6 +436,9 @@ class _Run:
                              f"[{n0}, {n1})")
         w_kn = self.b.strip(tile_id, start - n0, stop - n0, self._weight_dtype(node, 1))
         x = self._read(c, step, self._input_name(node, 0))
+        if x.ndim > 2:  # one 2-D GEMM over all tokens: numpy loops a stacked matmul batch by batch
+            rows = x.reshape(-1, x.shape[-1])
+            return np.matmul(rows, w_kn).astype(x.dtype, copy=False).reshape(*x.shape[:-1], w_kn.shape[1])
         return np.matmul(x, w_kn).astype(x.dtype, copy=False)  # as the MatMul kernel: numpy's bf16 runs in fp32
 
     def _gather_part(self, c: int, step: int, node: Node, tile_id: str, start: int, stop: int) -> np.ndarray:
