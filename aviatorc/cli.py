@@ -98,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_inspect)
 
     p = sub.add_parser("compile", help="import, transform, and place a model; write an artifact directory")
-    p.add_argument("model", help="an .onnx file or a Hugging Face config.json")
+    p.add_argument("model", help="an .onnx file, a Hugging Face config.json (shape-only), or a .gguf file")
     p.add_argument("-o", "--output", required=True, help="artifact directory to write")
     p.add_argument("--target", help="a shipped target name (see `aviatorc target list`) or a TOML file (default: corsair)")
     p.add_argument("--cards", type=int, help="build an N-card server from the target's card description")
@@ -143,7 +143,8 @@ def _parser() -> argparse.ArgumentParser:
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt-ids", metavar="IDS", help="comma-separated token ids, like 1,2,3")
     prompt.add_argument("--prompt", metavar="TEXT", help="prompt text (needs --tokenizer)")
-    p.add_argument("--tokenizer", metavar="DIR", help="a folder with a Hugging Face tokenizer (tokenizer.json)")
+    p.add_argument("--tokenizer", metavar="DIR", help="a folder with a Hugging Face tokenizer (tokenizer.json), "
+                   "or a .gguf file")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     p.add_argument("--top-p", type=float, default=1.0)

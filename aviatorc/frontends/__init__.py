@@ -17,7 +17,7 @@ def import_model(source: Any, example_inputs: Any = None, **options: Any) -> Gra
     """Import `source` into a verified IR graph.
 
     source: a path to an `.onnx` file, a Hugging Face `config.json` (or a folder holding one;
-    imported shape-only), a `torch.nn.Module` (with `example_inputs`: a tuple of positional
+    imported shape-only), a `.gguf` file (its causal LM, as a step graph that generates), a `torch.nn.Module` (with `example_inputs`: a tuple of positional
     tensors or a dict of keyword tensors), a `torch.fx.GraphModule`, or an aviatorc IR `Graph`
     (verified and copied, so a pipeline that already holds the IR can compile it several ways).
     A transformers causal LM given without example inputs imports as its step graph with the
@@ -36,12 +36,16 @@ def import_model(source: Any, example_inputs: Any = None, **options: Any) -> Gra
             from aviatorc.frontends.onnx import import_onnx
 
             return import_onnx(path, **options)
+        if path.suffix == ".gguf":
+            from aviatorc.frontends.gguf import import_gguf
+
+            return import_gguf(path, **options)
         if path.suffix == ".json":
             from aviatorc.frontends.torch import import_hf_config
 
             return import_hf_config(path, **options)
         raise OptionError(f"cannot tell the model format of '{path}'",
-                          hint="pass an .onnx file, a Hugging Face config.json, or a torch module")
+                          hint="pass an .onnx file, a Hugging Face config.json, a .gguf file, or a torch module")
     from aviatorc.frontends.torch import import_torch
     from aviatorc.frontends.torch.decoder import import_decoder, is_decoder
 

@@ -1,10 +1,11 @@
 """Tokenizers for text in and out of `generate`: a local Hugging Face tokenizer folder.
 
     tokenizer = load_tokenizer("path/to/model")   # tokenizer.json (+ tokenizer_config.json)
+    tokenizer = load_tokenizer("model.gguf")      # the tokenizer inside a GGUF file
     ids = tokenizer.encode("Hello"); text = tokenizer.decode(ids)
 
 Read with `transformers.AutoTokenizer` from local files only (nothing is downloaded, no code
-from the folder runs). Not read yet: the tokenizer inside a GGUF file.
+from the folder runs).
 """
 
 from __future__ import annotations
@@ -17,8 +18,13 @@ from aviatorc.errors import OptionError
 
 def load_tokenizer(folder: str | Path) -> Any:
     path = Path(folder)
+    if path.suffix == ".gguf" and path.is_file():
+        from aviatorc.frontends.gguf import load_gguf_tokenizer
+
+        return load_gguf_tokenizer(path)
     if not path.is_dir():
-        raise OptionError(f"tokenizer folder '{path}' does not exist", hint="give the folder holding tokenizer.json")
+        raise OptionError(f"tokenizer folder '{path}' does not exist",
+                          hint="give the folder holding tokenizer.json, or a .gguf file")
     from transformers import AutoTokenizer
 
     try:
