@@ -100,7 +100,7 @@ def saved(compiled, tmp_path_factory):
 
 
 @pytest.mark.parametrize("arch", FP32_ARCHS)
-def test_fp32_plan_reproduces_onnxruntime(arch, compiled, zoo_onnx):  # noqa: F811
+def test_fp32_plan_reproduces_onnxruntime_and_eager_torch(arch, compiled, zoo_onnx):  # noqa: F811
     import onnxruntime as ort
 
     feeds = feeds_of(arch)
@@ -111,6 +111,11 @@ def test_fp32_plan_reproduces_onnxruntime(arch, compiled, zoo_onnx):  # noqa: F8
     got, want = outputs[zoo.output_name(arch)], reference[0]
     assert got.shape == want.shape and got.dtype == want.dtype
     np.testing.assert_allclose(got, want, rtol=0, atol=ORT_ATOL)
+    import torch
+
+    with torch.no_grad():  # and the eager torch model the ONNX file was exported from
+        eager = zoo.build_model(arch)(**zoo.example_inputs(arch)).numpy()
+    np.testing.assert_allclose(got, eager, rtol=0, atol=ORT_ATOL)
     stats = session.stats
     assert stats is not None and stats.instructions["compute"] > 0 and stats.predicted_prefill_s > 0
     assert stats.predicted_decode_s > 0 and stats.peak_sram_bytes

