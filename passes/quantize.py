@@ -52,7 +52,7 @@ from aviatorc.passes.manager import Note, Pass, PassContext, PassResult, registe
 from aviatorc.errors import OptionError
 from aviatorc.formats import WeightFormat
 from aviatorc.ir import ArrayData, Graph, ShapeOnly, TensorType, add_value
-from aviatorc.quant.calibration import ActivationStats, check_batches, collect_stats
+from aviatorc.quant.calibration import ActivationStats, check_batches, collect_stats, reference_activations
 from aviatorc.quant.gptq import GPTQConfig, gptq_pack
 from aviatorc.quant.refit import corrected_target
 from aviatorc.quant.rtn import pack_weight
@@ -163,6 +163,9 @@ class Quantize(Pass):
         if calibrated:
             ctx.log(f"quantize: sequential calibration of {len(calibrated)} weight(s) in {len(stages) - 1} "
                     f"stage(s) on {len(batches)} batch(es)")
+        if reference is not None and calibrated:  # the same for every stage: evaluated once
+            reference = reference_activations(reference, batches,  # type: ignore[assignment]
+                                              [mm.input(0).name for lw in calibrated for mm in lw.matmuls])
         for stage in stages:
             stats: dict[str, ActivationStats] = {}
             if needs_stats and any(lw in calibrated for lw in stage):

@@ -41,7 +41,7 @@ from aviatorc.passes.manager import Note, Pass, PassContext, PassResult, registe
 from aviatorc.errors import OptionError
 from aviatorc.formats import WeightFormat
 from aviatorc.ir import Graph
-from aviatorc.quant.calibration import check_batches, collect_stats
+from aviatorc.quant.calibration import check_batches, collect_stats, reference_activations
 from aviatorc.quant.gptq import GPTQConfig, gptq
 from aviatorc.quant.refit import corrected_target, refit_masked
 from aviatorc.quant.rtn import pack_weight
@@ -99,6 +99,9 @@ class Sparsify2to4(Pass):
 
         # SparseGPT fits each weight to the unpruned graph's output (`corrected_target`): keep it.
         reference = graph.clone() if method == "sparsegpt" and calibrated else None
+        if reference is not None:  # the same for every stage: evaluated once
+            reference = reference_activations(reference, batches,  # type: ignore[assignment]
+                                              [mm.input(0).name for lw in calibrated for mm in lw.matmuls])
         bytes_before = bytes_after = 0
         for stage in stages:
             stats = {}

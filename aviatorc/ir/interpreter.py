@@ -7,7 +7,7 @@ not all fit at once can still be evaluated.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,16 +45,24 @@ def check_feeds(graph: Graph, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]
     return arrays
 
 
-def evaluate(graph: Graph, feeds: Mapping[str, Any], *, keep: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
-    """Run `graph` on `feeds` (name -> array); return its outputs (and any values named in `keep`)."""
+def evaluate(graph: Graph, feeds: Mapping[str, Any], *, keep: Sequence[str] = (),
+             only_kept: bool = False) -> dict[str, np.ndarray]:
+    """Run `graph` on `feeds` (name -> array); return its outputs (and any values named in `keep`).
+    With `only_kept`, return just the kept values, and stop once the last of them is computed
+    (calibration asks for the inputs of a few MatMuls: what follows them is not run)."""
     env: dict[int, np.ndarray] = {}
     arrays = check_feeds(graph, feeds)
     for value in graph.inputs:
         env[id(value)] = arrays[value.name]
     last_use = _last_uses(graph)
-    wanted = {id(v) for v in graph.outputs} | {id(graph.value(n)) for n in keep}
-    kept: dict[str, np.ndarray] = {}
-    for step, node in enumerate(graph.nodes):
+    keep = tuple(keep)
+    wanted = {id(graph.value(n)) for n in keep} | (set() if only_kept else {id(v) for v in graph.outputs})
+    kept: dict[str, np.ndarray] = {n: arrays[n] for n in keep if n in arrays}
+    nodes = graph.nodes
+    if only_kept:
+        producers = [i for i, node in enumerate(nodes) if any(v.name in keep for v in node.outputs)]
+        nodes = nodes[: max(producers) + 1] if producers else []
+    for step, node in enumerate(nodes):
         opdef = get_op(node.op)
         ins = [_read(env, v, node.name) if v is not None else None for v in node.inputs]
         attrs = opdef.resolve_attrs(node.attrs, node.name)
@@ -72,6 +80,8 @@ def evaluate(graph: Graph, feeds: Mapping[str, Any], *, keep: tuple[str, ...] = 
         for read in node.inputs:
             if read is not None and last_use.get(id(read)) == step and id(read) not in wanted:
                 env.pop(id(read), None)
+    if only_kept:
+        return kept
     result = {v.name: _read(env, v, "output") for v in graph.outputs}
     result.update(kept)
     return result

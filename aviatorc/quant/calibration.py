@@ -9,7 +9,9 @@ MatMuls asked for (`evaluate(graph, feed, keep=...)`), and accumulates per layer
   computed per batch and averaged, which bounds memory on long calibration sets.
 The passes call it once per calibration stage on the partially rewritten graph (sequential
 calibration, `aviatorc.passes._weights.calibration_stages`), so later layers see the inputs
-the already-quantized earlier layers produce.
+the already-quantized earlier layers produce. Each stage runs the graph only up to its own
+MatMuls (`evaluate(..., only_kept=True)`); the unrewritten graph's activations, which GPTQ and
+SparseGPT fit to, are the same for every stage and are evaluated once (`reference_activations`).
 """
 
 from __future__ import annotations
@@ -85,6 +87,16 @@ def check_batches(graph: Any, batches: Sequence[Mapping[str, Any]] | None) -> li
     return checked
 
 
+def reference_activations(reference: Any, batches: Sequence[Mapping[str, Any]],
+                          names: Sequence[str]) -> list[dict[str, np.ndarray]]:
+    """The named values of the unrewritten graph on each batch, for `collect_stats(reference=)`:
+    evaluated once, however many stages ask."""
+    from aviatorc.ir.interpreter import evaluate
+
+    return [evaluate(reference, feed, keep=tuple(dict.fromkeys(names)), only_kept=True)
+            for feed in check_batches(reference, batches)]
+
+
 def collect_stats(
     graph: Any,
     batches: Sequence[Mapping[str, Any]],
@@ -96,15 +108,19 @@ def collect_stats(
 ) -> dict[str, ActivationStats]:
     """Statistics of the named values (MatMul inputs) over all batches.
 
-    With `reference` (the graph before any rewriting, holding values of the same names) and
-    `hessian`, each statistic also gets the cross term X^T X_ref (`corrected_target`)."""
+    With `reference` and `hessian`, each statistic also gets the cross term X^T X_ref
+    (`corrected_target`): `reference` is the graph before any rewriting, holding values of the
+    same names, or its activations per batch from `reference_activations`."""
     from aviatorc.ir.interpreter import evaluate
 
     names = tuple(dict.fromkeys(value_names))
     stats: dict[str, ActivationStats] = {}
-    for feed in check_batches(graph, batches):
-        kept = evaluate(graph, feed, keep=names)
-        kept_ref = evaluate(reference, feed, keep=names) if reference is not None and hessian else {}
+    feeds = check_batches(graph, batches)
+    if reference is not None and hessian and not isinstance(reference, list):
+        reference = reference_activations(reference, feeds, names)
+    for index, feed in enumerate(feeds):
+        kept = evaluate(graph, feed, keep=names, only_kept=True)
+        kept_ref = reference[index] if reference is not None and hessian else {}
         for name in names:
             x = kept[name] if name in kept else feed[name]  # a graph input feeds the MatMul
             x_ref = kept_ref.get(name, feed.get(name)) if kept_ref else None

@@ -82,3 +82,18 @@ def test_keep_returns_intermediates():
     g.outputs = [add_value(g, "Exp", [h], name="exp")]
     out = evaluate(g, {"x": np.array([0.0, 1.0], np.float32)}, keep=(h.name,))
     np.testing.assert_allclose(out[h.name], [0.0, -1.0])
+
+
+def test_only_kept_returns_the_kept_values_and_runs_nothing_after_them():
+    g = Graph()
+    x = g.add_input("x", TensorType("float32", ("batch", 4)))
+    w = g.add_constant(np.arange(8, dtype=np.float32).reshape(4, 2), "w")
+    h = add_value(g, "MatMul", [x, w], name="mm")
+    bad = g.add_constant(np.array([7], np.int64), "bad")
+    g.outputs = [add_value(g, "Gather", [h, bad], {"axis": 1}, name="after")]  # column 7 of 2: fails if it runs
+    feed = {"x": np.ones((2, 4), np.float32)}
+    kept = evaluate(g, feed, keep=("mm_out", "x"), only_kept=True)
+    assert sorted(kept) == ["mm_out", "x"]
+    np.testing.assert_array_equal(kept["mm_out"], feed["x"] @ np.arange(8, dtype=np.float32).reshape(4, 2))
+    with pytest.raises(EvaluationError):  # the whole graph does run the failing node
+        evaluate(g, feed, keep=("mm_out",))
