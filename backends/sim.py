@@ -32,6 +32,7 @@ Not handled: tiles that split a MatMul weight's K rows (the partitioner cuts col
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from collections.abc import Mapping
@@ -50,6 +51,20 @@ from aviatorc.runtime.weights import WeightStore
 
 _PART_LABEL = re.compile(r"(.*)\[((?:cols|rows):\d+:\d+)\]\Z")  # a sent part: "value[cols:A:B]"
 _PART = re.compile(r"(cols|rows|kv):(\d+):(\d+)\Z")
+
+
+@functools.cache
+def _split_label(label: str) -> tuple[str, str] | None:
+    """(value, part) of a sent part's label, None for a whole value (parsed once per label)."""
+    match = _PART_LABEL.match(label)
+    return (match.group(1), match.group(2)) if match else None
+
+
+@functools.cache
+def _parse_part(part: str) -> tuple[str, int, int] | None:
+    """(kind, start, stop) of a compute's part, None if it is not one (parsed once per part)."""
+    match = _PART.match(part)
+    return (match.group(1), int(match.group(2)), int(match.group(3))) if match else None
 
 
 @dataclass
@@ -101,6 +116,7 @@ class SimBackend:
                 self.signalled.add(ins["event"])
         self.sends = frozenset(sends)
         self.attrs = {n.name: self._attrs(n) for n in graph.nodes}
+        self.kernels = {n.name: get_op(n.op).kernel for n in graph.nodes}
         self._strips: dict[tuple[str, int, int], np.ndarray] = {}
 
     # -- set-up --------------------------------------------------------------------------
@@ -299,20 +315,19 @@ class _Run:
     # -- values --------------------------------------------------------------------------
 
     def _store(self, c: int, label: str, array: np.ndarray) -> None:
-        match = _PART_LABEL.match(label)
-        if match:
-            self.chiplets[c].parts.setdefault(match.group(1), {})[match.group(2)] = array
+        split = _split_label(label)
+        if split:
+            self.chiplets[c].parts.setdefault(split[0], {})[split[1]] = array
         else:
             self.chiplets[c].values[label] = array
 
     def _read_label(self, c: int, step: int, label: str) -> np.ndarray:
-        match = _PART_LABEL.match(label)
-        if not match:
+        split = _split_label(label)
+        if not split:
             return self._read(c, step, label)
-        part = self.chiplets[c].parts.get(match.group(1), {}).get(match.group(2))
+        part = self.chiplets[c].parts.get(split[0], {}).get(split[1])
         if part is None:
-            raise self.fault(c, step, "missing-value", f"part {match.group(2)} of '{match.group(1)}' is not on "
-                             f"chiplet {c}")
+            raise self.fault(c, step, "missing-value", f"part {split[1]} of '{split[0]}' is not on chiplet {c}")
         return part
 
     def _read(self, c: int, step: int, name: str) -> np.ndarray:
@@ -351,8 +366,7 @@ class _Run:
         if missing:
             raise self.fault(c, step, "missing-value", f"reads '{name}' before all its parts are on chiplet {c}: "
                              f"missing {', '.join(missing)}", value=name)
-        spans = sorted((int(m.group(2)), int(m.group(3)), m.group(1), part)
-                       for part in have for m in [_PART.match(part)] if m)
+        spans = sorted((p[1], p[2], p[0], part) for part in have for p in [_parse_part(part)] if p)
         kinds = {kind for _, _, kind, _ in spans}
         if len(kinds) != 1:
             raise self.fault(c, step, "missing-value", f"'{name}' has parts of mixed kinds {sorted(kinds)}")
@@ -375,21 +389,20 @@ class _Run:
         self._check_bufs(c, step, ins["bufs"])
         node = self.b.nodes[ins["node"]]
         part = ins["part"]
-        match = _PART.match(part) if part else None
-        if part and match is None:
+        parsed = _parse_part(part) if part else None
+        if part and parsed is None:
             raise self.fault(c, step, "bad-part", f"unknown part '{part}'")
-        kind = match.group(1) if match else ""
+        kind, start, stop = parsed if parsed else ("", 0, 0)
         if kind == "kv":
             # The KV chunks stand for reads of the cache (possibly on other chiplets, whose partial
             # results are sent home); the node runs whole at the last chunk, on its home chiplet.
-            if int(match.group(2)) != int(match.group(3)) - 1:  # type: ignore[union-attr]
+            if start != stop - 1:
                 self.chiplets[c].parts.setdefault(node.outputs[0].name, {})[part] = np.zeros(0, np.float32)
                 return
             kind = ""
         if kind == "":
             self._whole(c, step, node)
             return
-        start, stop = int(match.group(2)), int(match.group(3))  # type: ignore[union-attr]
         if not ins["bufs"]:
             raise self.fault(c, step, "missing-buffer", f"part {part} of '{node.name}' names no weight buffer")
         tile_id = self.b.program.buffers[ins["bufs"][0]].tile
@@ -407,7 +420,7 @@ class _Run:
     def _whole(self, c: int, step: int, node: Node) -> None:
         ins = [self._read(c, step, v.name) if v is not None else None for v in node.inputs]
         try:
-            outs = get_op(node.op).kernel(ins, dict(self.b.attrs[node.name]))
+            outs = self.b.kernels[node.name](ins, dict(self.b.attrs[node.name]))
         except AviatorError as error:
             raise self.fault(c, step, "kernel", f"node '{node.name}' ({node.op}): {error}") from error
         except Exception as error:  # a kernel failing on these values: name the node and the step
