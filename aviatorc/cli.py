@@ -6,18 +6,21 @@
     aviatorc generate ARTIFACT --prompt-ids 1,2,3 | --prompt TEXT --tokenizer DIR [--max-new-tokens 32]
     aviatorc passes | aviatorc ops | aviatorc target list | aviatorc target show NAME [--resolved]
 
-A user error prints one line to stderr and exits with status 1; `--debug` shows the traceback.
+Exit status: 0 done, 1 a user error (one `aviatorc: error:` line; `--debug` shows the
+traceback), 2 a usage error (one line naming `--help`), 3 an internal error (a bug: one line),
+130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from aviatorc import __version__
 from aviatorc.errors import AviatorError, VerificationError
@@ -36,7 +39,15 @@ from aviatorc.options import (
 DEFAULTS = CompileOptions()
 
 EXIT_USER_ERROR = 1
+EXIT_USAGE_ERROR = 2
 EXIT_INTERNAL_ERROR = 3
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error in one line (not the whole usage block) and status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE_ERROR, f"aviatorc: error: {message} (see `{self.prog} --help`)\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -74,6 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("aviatorc: interrupted; nothing was written", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `aviatorc ops | head -1`: the reader stopped; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit would fail
+        return 0
     except Exception as error:  # noqa: BLE001 - the last line of defence: a bug, reported as one
         if args.debug:
             import traceback
@@ -86,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="aviatorc", description="An ML compiler for in-memory-compute accelerators.")
+    parser = _Parser(prog="aviatorc", description="An ML compiler for in-memory-compute accelerators.")
     parser.add_argument("--version", action="version", version=f"aviatorc {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
     sub = parser.add_subparsers(dest="command", required=True)

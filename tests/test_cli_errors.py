@@ -51,3 +51,27 @@ def test_control_characters_in_a_message_are_escaped(monkeypatch, capsys) -> Non
     monkeypatch.setattr(cli, "cmd_inspect", raising(ModelFormatError("at 'w\x00\x1b[2J.bin'\nmore")))
     assert cli.main(["inspect", "m.onnx"]) == 1
     assert capsys.readouterr().err == "aviatorc: error: at 'w\\x00\\x1b[2J.bin'\\nmore\n"
+
+
+def test_a_usage_error_is_one_line_with_status_2() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "aviatorc", "compile", "m.onnx", "-o", "out", "--quant", "int3"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == cli.EXIT_USAGE_ERROR == 2
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("aviatorc: error: argument --quant: invalid choice")
+    assert "aviatorc compile --help" in done.stderr and "usage:" not in done.stderr
+
+
+def test_a_reader_that_stops_early_costs_no_traceback() -> None:
+    import subprocess
+    import sys
+
+    # `aviatorc ops | head -0`: the pipe is closed before anything is written.
+    proc = subprocess.Popen([sys.executable, "-m", "aviatorc", "ops"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
