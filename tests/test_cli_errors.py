@@ -75,3 +75,9 @@ def test_a_reader_that_stops_early_costs_no_traceback() -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_target_show_words_a_bad_card_count_as_compile_does(capsys) -> None:
+    assert cli.main(["target", "show", "corsair", "--cards", "0"]) == 1
+    err = capsys.readouterr().err
+    assert err == "aviatorc: error: cards (--cards) must be at least 1, got 0\n"  # no internal TOML path

@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from aviatorc.errors import TargetError
+from aviatorc.errors import OptionError, TargetError
 from aviatorc.formats import KINDS
 from aviatorc.target.spec import LINK_LEVELS, SCHEMA_VERSION, ChipletSpec, LinkLevel, Target
 
@@ -63,13 +63,14 @@ def list_targets() -> list[str]:
 
 def load_target(name_or_path: str | Path, *, cards: int | None = None, overrides: dict[str, Any] | None = None) -> Target:
     """A checked `Target` from a shipped name or a TOML path, with `--cards` and overrides applied."""
+    if cards is not None and (isinstance(cards, bool) or not isinstance(cards, int) or cards < 1):
+        # worded as `compile` words it; the option is the user's, not the description file's
+        raise OptionError(f"cards (--cards) must be at least 1, got {cards!r}")
     path = _locate(name_or_path)
     data = _read_merged(path, seen=())
     source = str(path)
     base_cards = data.get("server", {}).get("cards")
     if cards is not None:
-        if isinstance(cards, bool) or not isinstance(cards, int) or cards < 1:
-            raise TargetError(f"--cards must be a positive integer, not {cards!r}", file=source, key="server.cards")
         data.setdefault("server", {})["cards"] = cards
     if overrides:
         for key, value in _flatten(overrides).items():

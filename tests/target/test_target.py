@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from aviatorc.errors import TargetError
+from aviatorc.errors import OptionError, TargetError
 from aviatorc.target import cli_list, cli_show, list_targets, load_target
 from aviatorc.target.loader import _build
 
@@ -45,8 +45,8 @@ def test_cards_builds_a_server_from_the_card():
 
 
 @pytest.mark.parametrize("cards", [0, -1, 2.5, True])
-def test_bad_cards(cards):
-    with pytest.raises(TargetError, match="cards"):
+def test_bad_cards(cards):  # the user's option, worded as compile words it (not the TOML's error)
+    with pytest.raises(OptionError, match=r"cards \(--cards\) must be at least 1"):
         load_target("corsair", cards=cards)
 
 
