@@ -4,6 +4,7 @@
     aviatorc compile MODEL -o OUT [--target T] [--cards N] [--quant int8|int4|mxint8|mxint4] ...
     aviatorc run ARTIFACT --inputs feeds.npz [--output out.npz]
     aviatorc generate ARTIFACT --prompt-ids 1,2,3 | --prompt TEXT --tokenizer DIR [--max-new-tokens 32]
+    aviatorc serve ARTIFACT [ARTIFACT...] [--host 127.0.0.1] [--port 8000] [--tokenizer DIR] [--draft ARTIFACT]
     aviatorc passes | aviatorc ops | aviatorc target list | aviatorc target show NAME [--resolved]
 
 Exit status: 0 done, 1 a user error (one `aviatorc: error:` line; `--debug` shows the
@@ -167,6 +168,29 @@ def _parser() -> argparse.ArgumentParser:
                    "the tokenizer's end-of-sequence id)")
     p.add_argument("--device", choices=("sim", "cuda"), default="sim")
     p.set_defaults(handler=cmd_generate)
+
+    p = sub.add_parser("serve", help="serve compiled decoders over the OpenAI API (completions, chat, SSE)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("artifacts", nargs="+", metavar="ARTIFACT", help="artifact directories; several are served as "
+                   "isolated tenants (each compiled onto its own chiplets with --chiplets)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (0: a free one, printed when ready)")
+    p.add_argument("--tokenizer", action="append", metavar="DIR", help="a Hugging Face tokenizer folder or a .gguf "
+                   "file: once for every artifact, or once per artifact in order (default: token ids only)")
+    p.add_argument("--served-model-name", action="append", metavar="NAME",
+                   help="the model's name in the API, once per artifact (default: the artifact folder's name)")
+    p.add_argument("--max-num-seqs", type=int, help="sequences decoded together (default: the plan's KV slots, "
+                   "its compiled --batch)")
+    p.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
+                   help="fcfs: arrival order; priority: lower `priority` first, may preempt")
+    p.add_argument("--max-queue", type=int, default=256, help="requests waiting before new ones get 429")
+    p.add_argument("--request-timeout", type=float, metavar="S", help="server-wide limit per request, in seconds "
+                   "(a request's own `timeout` may only shorten it)")
+    p.add_argument("--draft", metavar="ARTIFACT", help="a small draft model for speculative decoding of the first "
+                   "artifact (greedy requests)")
+    p.add_argument("--num-speculative-tokens", type=int, default=4, help="draft tokens per step")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="warning")
+    p.set_defaults(handler=cmd_serve)
 
     p = sub.add_parser("passes", help="list the passes")
     p.set_defaults(handler=cmd_passes)
@@ -338,6 +362,33 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(tokenizer.decode(new))
     else:
         print(",".join(str(t) for t in new))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from aviatorc.errors import OptionError
+    from aviatorc.serve.server import serve
+    from aviatorc.serve.tenants import EngineOptions, ModelSpec
+
+    count = len(args.artifacts)
+
+    def per_artifact(values: list[str] | None, flag: str, *, shared: bool) -> list[str | None]:
+        if not values:
+            return [None] * count
+        if len(values) == count:
+            return [*values]
+        if shared and len(values) == 1:
+            return [values[0]] * count
+        raise OptionError(f"{flag} was given {len(values)} times for {count} artifacts",
+                          hint=f"give it once per artifact{' or once for all' if shared else ''}")
+
+    tokenizers = per_artifact(args.tokenizer, "--tokenizer", shared=True)
+    names = per_artifact(args.served_model_name, "--served-model-name", shared=False)
+    specs = [ModelSpec(a, name=n, tokenizer=t) for a, n, t in zip(args.artifacts, names, tokenizers)]
+    options = EngineOptions(max_num_seqs=args.max_num_seqs, policy=args.scheduling_policy, max_queue=args.max_queue,
+                            request_timeout_s=args.request_timeout, draft=args.draft,
+                            num_speculative_tokens=args.num_speculative_tokens)
+    serve(specs, options, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
 

@@ -42,7 +42,7 @@ LAYERS = [
     {"aviatorc.passes", "aviatorc.frontends", "aviatorc.quant", "aviatorc.accuracy", "aviatorc.models", "aviatorc.zoo"},
     {"aviatorc.partition", "aviatorc.schedule", "aviatorc.plan"},
     {"aviatorc.backends", "aviatorc.report", "aviatorc.runtime", "aviatorc.inspect"},
-    {"aviatorc.compiler", "aviatorc.cli", "aviatorc.__main__", "aviatorc"},
+    {"aviatorc.compiler", "aviatorc.serve", "aviatorc.cli", "aviatorc.__main__", "aviatorc"},
 ]
 
 

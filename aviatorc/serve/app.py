@@ -1,0 +1,307 @@
+"""The OpenAI-compatible HTTP API over the tenants' engines (FastAPI; SSE by sse-starlette).
+
+    POST /v1/completions        prompt as text (needs a tokenizer) or token ids; one choice per prompt
+    POST /v1/chat/completions   messages through the tokenizer's chat template
+    GET  /v1/models             the artifacts served
+    GET  /health                200 while every engine runs
+    GET  /metrics               Prometheus text format
+
+Streaming sends `data: {chunk}` events, `finish_reason` on each choice's last one, a usage
+chunk when `stream_options.include_usage`, then `data: [DONE]`. Each choice carries its
+`token_ids` when `return_token_ids` is true, and always for a model without a tokenizer (its
+`text` is then empty). Errors use OpenAI's body: `{"error": {"message", "type", "param", "code"}}`:
+400 for a bad request, 404 for an unknown model, 429 for a full queue, 504 for a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from sse_starlette import EventSourceResponse
+
+from aviatorc.errors import AviatorError
+from aviatorc.serve.engine import Finished, GenerationRequest, QueueFull, Token
+from aviatorc.serve.metrics import Registry
+from aviatorc.serve.protocol import ChatRequest, CompletionRequest, SamplingFields, TextStream
+from aviatorc.serve.tenants import ServedModel
+
+_STATUS = {"timeout": 504, "error": 500, "cancelled": 499}
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+        self.status, self.message, self.kind = status, message, kind
+        super().__init__(message)
+
+
+def error_body(status: int, message: str, kind: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+
+
+def create_app(models: dict[str, ServedModel], registry: Registry) -> FastAPI:
+    """The app; its lifespan starts one engine task per model and stops them on shutdown."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        tasks = [asyncio.create_task(m.engine.run(), name=f"engine {m.name}") for m in models.values()]
+        app.state.tasks = tasks
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    app = FastAPI(title="aviatorc", lifespan=lifespan)
+
+    @app.exception_handler(HTTPError)
+    async def _http_error(request: Request, error: HTTPError) -> JSONResponse:
+        return JSONResponse(error_body(error.status, error.message, error.kind), status_code=error.status)
+
+    @app.exception_handler(AviatorError)
+    async def _user_error(request: Request, error: AviatorError) -> JSONResponse:
+        return JSONResponse(error_body(400, str(error), "invalid_request_error"), status_code=400)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in error.errors())
+        return JSONResponse(error_body(400, problems or "invalid request", "invalid_request_error"), status_code=400)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        dead = [t.get_name() for t in getattr(app.state, "tasks", []) if t.done()]
+        if dead:
+            return JSONResponse({"status": "error", "stopped": dead}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(registry.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [
+            {"id": m.name, "object": "model", "created": m.created, "owned_by": "aviatorc",
+             "max_model_len": m.session.context, "max_num_seqs": m.engine.slots} for m in models.values()]}
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest, raw: Request) -> Any:
+        model = _model(models, body.model)
+        prompts = _completion_prompts(model, body.prompt)
+        return await _serve(model, body, prompts, raw, chat=False)
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(body: ChatRequest, raw: Request) -> Any:
+        model = _model(models, body.model)
+        if model.tokenizer is None or not getattr(model.tokenizer, "chat_template", None):
+            raise HTTPError(400, f"model '{model.name}' has no tokenizer with a chat template: chat needs one "
+                                 "(start the server with --tokenizer), or use /v1/completions with token ids")
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        text = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        if body.max_completion_tokens is not None:
+            body.max_tokens = body.max_completion_tokens
+        return await _serve(model, body, [model.tokenizer.encode(text, add_special_tokens=False)], raw, chat=True)
+
+    return app
+
+
+def _model(models: dict[str, ServedModel], name: str | None) -> ServedModel:
+    if name is None:
+        if len(models) == 1:
+            return next(iter(models.values()))
+        raise HTTPError(400, f"say which model: this server holds {', '.join(models)}")
+    if name not in models:
+        raise HTTPError(404, f"the model '{name}' does not exist; this server holds {', '.join(models)}",
+                        "not_found_error")
+    return models[name]
+
+
+def _completion_prompts(model: ServedModel, prompt: Any) -> list[list[int]]:
+    """One list of ids per prompt: text through the tokenizer, ids as given."""
+    batch = prompt if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else [prompt]
+    out = []
+    for item in batch:
+        if isinstance(item, str):
+            if model.tokenizer is None:
+                raise HTTPError(400, f"model '{model.name}' has no tokenizer: send the prompt as token ids, or start "
+                                     "the server with --tokenizer")
+            out.append(list(model.tokenizer.encode(item)))
+        else:
+            out.append(list(item))
+    logits = model.session.cache.logits if model.session.cache else None
+    vocab = next((v.type.shape[-1] for v in model.session.graph.outputs if v.name == logits), None)
+    for ids in out:
+        if not ids:
+            raise HTTPError(400, "a prompt is empty")
+        if isinstance(vocab, int) and any(not 0 <= t < vocab for t in ids):
+            raise HTTPError(400, f"a prompt holds token ids outside the vocabulary (0..{vocab - 1})")
+    return out
+
+
+def _generation_requests(model: ServedModel, body: SamplingFields, prompts: list[list[int]]) -> list[GenerationRequest]:
+    body.check_supported()
+    stop_ids = set(body.stop_token_ids)
+    eos = getattr(model.tokenizer, "eos_token_id", None)
+    if eos is not None and not body.ignore_eos:
+        stop_ids.add(int(eos))
+    room = model.session.context
+    out = []
+    for ids in prompts:
+        max_tokens = body.max_tokens if body.max_tokens is not None else max(1, room - len(ids))
+        out.append(GenerationRequest(prompt=ids, max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
+                                     seed=body.seed, stop_ids=frozenset(stop_ids), priority=body.priority,
+                                     timeout_s=body.timeout))
+    return out
+
+
+async def _serve(model: ServedModel, body: SamplingFields, prompts: list[list[int]], raw: Request,
+                 *, chat: bool) -> Any:
+    requests = _generation_requests(model, body, prompts)
+    submitted: list[GenerationRequest] = []
+    try:
+        for request in requests:
+            submitted.append(model.engine.submit(request))
+    except QueueFull as error:
+        for request in submitted:
+            request.cancel()
+        model.engine.wake()
+        model.metrics.rejected()
+        raise HTTPError(429, str(error), "rate_limit_error") from None
+    shape = _Shape(model, body, chat)
+    if body.stream:
+        return EventSourceResponse(_stream(model, shape, submitted), ping=15)
+    return await _complete(model, shape, submitted, raw)
+
+
+class _Shape:
+    """Builds the response objects of one request (completion or chat)."""
+
+    def __init__(self, model: ServedModel, body: SamplingFields, chat: bool) -> None:
+        self.model, self.body, self.chat = model, body, chat
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.with_ids = body.return_token_ids or model.tokenizer is None
+
+    def envelope(self, choices: list[dict[str, Any]], *, chunk: bool) -> dict[str, Any]:
+        kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model.name, "choices": choices}
+
+    def choice(self, index: int, text: str, finish: str | None, ids: list[int] | None, *, chunk: bool,
+               prompt: list[int] | None = None) -> dict[str, Any]:
+        if self.chat:
+            body: dict[str, Any] = {"index": index, "finish_reason": finish}
+            content = {"content": text} if text or not chunk else {}
+            if chunk:
+                body["delta"] = content
+            else:
+                body["message"] = {"role": "assistant", **content}
+        else:
+            body = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+        if self.with_ids and ids is not None:
+            body["token_ids"] = ids
+            if prompt is not None:
+                body["prompt_token_ids"] = prompt
+        return body
+
+    @staticmethod
+    def usage(requests: list[GenerationRequest]) -> dict[str, int]:
+        prompt = sum(len(r.prompt) for r in requests)
+        completion = sum(len(r.generated) for r in requests)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _finish_reason(end: Finished, text: TextStream) -> str:
+    return "stop" if text.stopped else end.reason
+
+
+async def _complete(model: ServedModel, shape: _Shape, requests: list[GenerationRequest], raw: Request) -> Any:
+    """Wait for every choice (a client that goes away cancels them), then one response."""
+    texts = [TextStream(model.tokenizer, shape.body.stops) for _ in requests]
+    waiting = asyncio.ensure_future(asyncio.gather(*(_drain(model, r, t) for r, t in zip(requests, texts))))
+    while not waiting.done():
+        done, _ = await asyncio.wait({waiting}, timeout=0.25)
+        if not done and await raw.is_disconnected():
+            for request in requests:
+                request.cancel()
+            model.engine.wake()
+    ends: list[Finished] = waiting.result()
+    for end in ends:
+        if end.reason in _STATUS:
+            raise HTTPError(_STATUS[end.reason], end.message or end.reason,
+                            "timeout_error" if end.reason == "timeout" else "server_error")
+    choices = [shape.choice(i, t.text, _finish_reason(e, t), r.generated, chunk=False, prompt=r.prompt)
+               for i, (r, t, e) in enumerate(zip(requests, texts, ends))]
+    return {**shape.envelope(choices, chunk=False), "usage": shape.usage(requests)}
+
+
+async def _drain(model: ServedModel, request: GenerationRequest, text: TextStream) -> Finished:
+    """Follow one request to its end, stopping it at a stop string."""
+    async for event in request.events():
+        if isinstance(event, Finished):
+            text.push(request.generated, final=True)
+            return event
+        text.push(request.generated)
+        if text.stopped:
+            request.stop()
+            model.engine.wake()
+    raise AssertionError("unreachable")
+
+
+async def _stream(model: ServedModel, shape: _Shape, requests: list[GenerationRequest]) -> AsyncIterator[str]:
+    """SSE data of every choice as its tokens come; a client that goes away cancels them (sse-starlette
+    cancels this generator)."""
+    queue: asyncio.Queue[tuple[int, Token | Finished]] = asyncio.Queue()
+
+    async def follow(index: int, request: GenerationRequest) -> None:
+        async for event in request.events():
+            await queue.put((index, event))
+
+    followers = [asyncio.create_task(follow(i, r)) for i, r in enumerate(requests)]
+    texts = [TextStream(model.tokenizer, shape.body.stops) for _ in requests]
+    sent = [0] * len(requests)
+    try:
+        if shape.chat:
+            yield json.dumps(shape.envelope([{"index": i, "delta": {"role": "assistant", "content": ""},
+                                              "finish_reason": None} for i in range(len(requests))], chunk=True))
+        open_choices = len(requests)
+        while open_choices:
+            index, event = await queue.get()
+            request, text = requests[index], texts[index]
+            if isinstance(event, Token):
+                if text.stopped:
+                    continue
+                delta = text.push(request.generated)
+                if text.stopped:
+                    request.stop()
+                    model.engine.wake()
+                ids = request.generated[sent[index]:]
+                sent[index] = len(request.generated)
+                yield json.dumps(shape.envelope([shape.choice(index, delta, None, ids, chunk=True)], chunk=True))
+                continue
+            open_choices -= 1
+            if event.reason in _STATUS:
+                yield json.dumps(error_body(_STATUS[event.reason], event.message or event.reason,
+                                            "timeout_error" if event.reason == "timeout" else "server_error"))
+                continue
+            delta = text.push(request.generated, final=True)
+            yield json.dumps(shape.envelope([shape.choice(index, delta, _finish_reason(event, text), [], chunk=True)],
+                                            chunk=True))
+        if shape.body.include_usage:
+            yield json.dumps({**shape.envelope([], chunk=True), "usage": shape.usage(requests)})
+        yield "[DONE]"
+    finally:
+        for request in requests:
+            if request.finished is None:
+                request.cancel()
+        model.engine.wake()
+        for task in followers:
+            task.cancel()

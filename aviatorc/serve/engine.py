@@ -1,0 +1,337 @@
+"""Continuous batching over one `Session`: one scheduler task owns it and steps every sequence.
+
+    engine = Engine(session, max_num_seqs=8, policy="priority")
+    task = asyncio.create_task(engine.run())
+    request = engine.submit(GenerationRequest(prompt=[1, 2, 3], max_tokens=16))
+    async for event in request.events(): ...           # Token(id), then Finished(reason)
+
+Each turn of `run`, on the event loop (so the state needs no locks):
+1. drop what ended outside the loop: a request past its deadline, a client that went away;
+2. admit waiting requests into free KV slots, by policy: `fcfs` (arrival order) or `priority`
+   (lower `priority` first, ties by arrival, as vLLM); under `priority` a waiting request may
+   preempt the running one of the lowest priority, which goes back to the queue keeping its
+   generated tokens and is prefilled again with them on readmission (recompute, as vLLM);
+3. prefill each admitted request (one slot at a time: prompts differ in length) and sample its
+   first token;
+4. decode one token for every running sequence in one batched `Session.decode` step.
+The session's work runs in a worker thread (`asyncio.to_thread`), so the server keeps answering
+while a step computes; a step's results are applied on the loop. With a draft session
+(`aviatorc.serve.speculative`), step 4 drafts k tokens per sequence and the target verifies them.
+
+A full queue refuses at `submit` (`QueueFull`); nothing waits without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from aviatorc.errors import AviatorError, OptionError
+from aviatorc.runtime.sampling import check_sampling, sample
+
+POLICIES = ("fcfs", "priority")
+log = logging.getLogger("aviatorc.serve")
+
+
+class QueueFull(AviatorError):
+    """The waiting queue holds `max_queue` requests: the server answers 429."""
+
+
+# -- what a request receives ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: str  # "stop" (a stop token), "length" (max_tokens or the context), "timeout", "cancelled", "error"
+    message: str = ""
+
+
+Event = Token | Finished
+
+
+@dataclass
+class GenerationRequest:
+    """One sequence to generate. Times are `time.monotonic()` seconds."""
+
+    prompt: list[int]
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_ids: frozenset[int] = frozenset()
+    priority: int = 0
+    timeout_s: float | None = None
+    # Filled in by the engine.
+    generated: list[int] = field(default_factory=list)
+    arrival: int = -1
+    submitted: float = 0.0
+    first_token: float | None = None
+    finished: Finished | None = None
+    preemptions: int = 0
+    _queue: asyncio.Queue[Event] = field(default_factory=asyncio.Queue, repr=False)
+    _rng: np.random.Generator | None = field(default=None, repr=False)
+    _end: Finished | None = None  # asked for from outside the engine; applied at its next turn
+    _slot: int | None = None
+
+    def __post_init__(self) -> None:
+        check_sampling(self.temperature, self.top_p)
+        if not self.prompt:
+            raise OptionError("the prompt is empty", hint="give at least one token")
+        if self.max_tokens < 1:
+            raise OptionError(f"max_tokens must be >= 1, not {self.max_tokens}")
+
+    @property
+    def deadline(self) -> float | None:
+        return None if self.timeout_s is None else self.submitted + self.timeout_s
+
+    def cancel(self) -> None:
+        """The client went away: the engine frees the slot at its next turn (call `Engine.wake`)."""
+        self._end = self._end or Finished("cancelled", "the client disconnected")
+
+    def stop(self) -> None:
+        """Finish as a stop (the text reached a stop string) at the engine's next turn."""
+        self._end = self._end or Finished("stop")
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Each generated token as it comes, then one `Finished`."""
+        while True:
+            event = await self._queue.get()
+            yield event
+            if isinstance(event, Finished):
+                return
+
+    async def result(self) -> Finished:
+        """Wait for the end; the tokens are in `generated`."""
+        async for event in self.events():
+            if isinstance(event, Finished):
+                return event
+        raise AssertionError("unreachable: events() ends with Finished")
+
+
+class StepSession(Protocol):
+    """What the engine needs of a `Session` (the step API of `aviatorc.runtime`)."""
+
+    @property
+    def num_slots(self) -> int: ...
+    @property
+    def context(self) -> int: ...
+    def prefill(self, slot: int, ids: Any) -> np.ndarray: ...
+    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> np.ndarray: ...
+    def free(self, slot: int) -> None: ...
+
+
+class Observer(Protocol):
+    """Metrics hooks (`aviatorc.serve.metrics.Metrics` implements them)."""
+
+    def queued(self, waiting: int, running: int, slots: int) -> None: ...
+    def first_token(self, request: GenerationRequest) -> None: ...
+    def tokens(self, count: int) -> None: ...
+    def decode_step(self, batch: int, slots: int) -> None: ...
+    def finished(self, request: GenerationRequest) -> None: ...
+    def speculated(self, proposed: int, accepted: int) -> None: ...
+
+
+class _NoObserver:
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+# -- the engine ------------------------------------------------------------------------------
+
+
+class Engine:
+    """Continuous batching over `session`'s KV slots (see the module docstring)."""
+
+    def __init__(self, session: StepSession, *, max_num_seqs: int | None = None, policy: str = "fcfs",
+                 max_queue: int = 256, request_timeout_s: float | None = None, observer: Observer | None = None,
+                 speculator: Any = None) -> None:
+        if policy not in POLICIES:
+            raise OptionError(f"unknown scheduling policy '{policy}'", hint=f"choose one of {', '.join(POLICIES)}")
+        if max_num_seqs is not None and max_num_seqs < 1:
+            raise OptionError(f"--max-num-seqs must be >= 1, not {max_num_seqs}")
+        self.session = session
+        self.slots = min(max_num_seqs or session.num_slots, session.num_slots)
+        self.policy = policy
+        self.max_queue = max_queue
+        self.request_timeout_s = request_timeout_s
+        self.observer: Observer = observer or _NoObserver()  # type: ignore[assignment]
+        self.speculator = speculator
+        self.waiting: list[GenerationRequest] = []
+        self.running: dict[int, GenerationRequest] = {}  # slot -> request
+        self._arrivals = itertools.count()
+        self._wake = asyncio.Event()
+        self.steps = 0
+
+    # -- the request side ------------------------------------------------------------------
+
+    def submit(self, request: GenerationRequest) -> GenerationRequest:
+        """Queue `request`; raises `QueueFull`, or `OptionError` for a prompt the context cannot hold."""
+        if len(request.prompt) >= self.session.context:
+            raise OptionError(f"the prompt has {len(request.prompt)} tokens but the model's context is "
+                              f"{self.session.context}: no room to generate", hint="shorten the prompt")
+        if len(self.waiting) >= self.max_queue:
+            raise QueueFull(f"the queue is full ({self.max_queue} requests waiting)", hint="retry later")
+        request.arrival = next(self._arrivals)
+        request.submitted = time.monotonic()
+        if request.timeout_s is None:
+            request.timeout_s = self.request_timeout_s
+        elif self.request_timeout_s is not None:
+            request.timeout_s = min(request.timeout_s, self.request_timeout_s)
+        request._rng = np.random.default_rng(request.seed)
+        self.waiting.append(request)
+        self._observe()
+        self._wake.set()
+        return request
+
+    def wake(self) -> None:
+        """Call after `request.cancel()` so an idle engine notices."""
+        self._wake.set()
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve forever (cancel the task to stop). A step that fails ends the requests it held
+        with an error, never the loop: a request must not wait on a dead engine."""
+        while True:
+            self._drop_ended()
+            if not self.waiting and not self.running:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            try:
+                await self.step()
+            except Exception as error:  # noqa: BLE001 - reported to every request it touched, and logged
+                log.exception("engine step failed")
+                message = str(error) if isinstance(error, AviatorError) else f"internal error: {type(error).__name__}: {error}"
+                for request in list(self.running.values()):
+                    self._finish(request, Finished("error", message))
+
+    async def step(self) -> None:
+        """One turn: admit and prefill, then one decode step for everything running."""
+        admitted = self._admit()
+        for request in admitted:
+            await self._prefill(request)
+            self._drop_ended()
+        batch = [slot for slot, request in sorted(self.running.items()) if request not in admitted]
+        if batch:
+            if self.speculator is not None:
+                await self.speculator.step(self, batch)
+            else:
+                tokens = [self.running[slot].generated[-1] for slot in batch]
+                logits = await asyncio.to_thread(self.session.decode, batch, tokens)
+                self.observer.decode_step(len(batch), self.slots)
+                for slot, row in zip(batch, logits):
+                    self._accept(self.running[slot], [self._sample(self.running[slot], row)])
+        self.steps += 1
+        self._observe()
+
+    async def _prefill(self, request: GenerationRequest) -> None:
+        slot = request._slot
+        assert slot is not None
+        ids = np.array(request.prompt + request.generated, dtype=np.int64)
+        try:
+            logits = await asyncio.to_thread(self.session.prefill, slot, ids)
+            if self.speculator is not None:
+                await asyncio.to_thread(self.speculator.prefill, slot, ids)
+        except AviatorError as error:
+            self._finish(request, Finished("error", str(error)))
+            return
+        self._accept(request, [self._sample(request, logits)])
+
+    def _sample(self, request: GenerationRequest, logits: np.ndarray) -> int:
+        return sample(logits, temperature=request.temperature, top_p=request.top_p, rng=request._rng)
+
+    def _accept(self, request: GenerationRequest, tokens: Sequence[int]) -> None:
+        """Hand `tokens` to the request in order, finishing it at a stop token, at max_tokens, or
+        when its sequence fills the context."""
+        if request.finished is not None:
+            return
+        for token in tokens:
+            if request.first_token is None:
+                request.first_token = time.monotonic()
+                self.observer.first_token(request)
+            request.generated.append(token)
+            request._queue.put_nowait(Token(token))
+            self.observer.tokens(1)
+            if token in request.stop_ids:
+                self._finish(request, Finished("stop"))
+                return
+            # The next step feeds this token: the cache must have room for it.
+            if len(request.generated) >= request.max_tokens or \
+                    len(request.prompt) + len(request.generated) >= self.session.context:
+                self._finish(request, Finished("length"))
+                return
+
+    def _finish(self, request: GenerationRequest, end: Finished) -> None:
+        if request.finished is not None:
+            return
+        request.finished = end
+        if request._slot is not None:
+            self.running.pop(request._slot, None)
+            self.session.free(request._slot)
+            if self.speculator is not None:
+                self.speculator.free(request._slot)
+            request._slot = None
+        if request in self.waiting:
+            self.waiting.remove(request)
+        request._queue.put_nowait(end)
+        self.observer.finished(request)
+
+    def _drop_ended(self) -> None:
+        now = time.monotonic()
+        for request in [*self.waiting, *self.running.values()]:
+            if request._end is not None:
+                self._finish(request, request._end)
+            elif request.deadline is not None and now >= request.deadline:
+                self._finish(request, Finished("timeout", f"the request timed out after {request.timeout_s:g} s"))
+
+    def _order(self, request: GenerationRequest) -> tuple[int, int]:
+        return (request.priority, request.arrival) if self.policy == "priority" else (0, request.arrival)
+
+    def _admit(self) -> list[GenerationRequest]:
+        self.waiting.sort(key=self._order)
+        admitted = []
+        while self.waiting:
+            free = [slot for slot in range(self.slots) if slot not in self.running]
+            if not free and not self._preempt_for(self.waiting[0]):
+                break
+            slot = min(slot for slot in range(self.slots) if slot not in self.running)
+            request = self.waiting.pop(0)
+            request._slot = slot
+            self.running[slot] = request
+            admitted.append(request)
+        return admitted
+
+    def _preempt_for(self, request: GenerationRequest) -> bool:
+        """Under `priority`, free the slot of the least important running sequence if `request`
+        comes strictly before it. Its tokens so far stay; it is prefilled again later."""
+        if self.policy != "priority" or not self.running:
+            return False
+        victim = max(self.running.values(), key=self._order)
+        if self._order(request) >= self._order(victim) or request.priority >= victim.priority:
+            return False
+        assert victim._slot is not None
+        self.running.pop(victim._slot)
+        self.session.free(victim._slot)
+        if self.speculator is not None:
+            self.speculator.free(victim._slot)
+        victim._slot = None
+        victim.preemptions += 1
+        self.waiting.append(victim)
+        self.waiting.sort(key=self._order)
+        return True
+
+    def _observe(self) -> None:
+        self.observer.queued(len(self.waiting), len(self.running), self.slots)

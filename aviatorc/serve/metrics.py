@@ -1,0 +1,121 @@
+"""The server's Prometheus metrics, one registry per app (so tests and tenants never share state).
+
+Names follow vLLM's where one exists, under `aviatorc_`; every series carries the `model` label:
+
+    aviatorc_time_to_first_token_seconds      histogram  submit -> first token
+    aviatorc_time_per_output_token_seconds    histogram  (last token - first token) / (tokens - 1), per request
+    aviatorc_e2e_request_latency_seconds      histogram  submit -> finished
+    aviatorc_generation_tokens_total          counter    tokens handed to requests
+    aviatorc_prompt_tokens_total              counter
+    aviatorc_generation_tokens_per_second     gauge      over the last 10 s
+    aviatorc_num_requests_waiting / _running  gauge
+    aviatorc_batch_occupancy                  gauge      running / KV slots after the last step
+    aviatorc_decode_batch_size                histogram  sequences per decode step
+    aviatorc_requests_total{outcome}          counter    stop, length, timeout, cancelled, error, rejected
+    aviatorc_spec_decode_draft_tokens_total / _accepted_tokens_total, _acceptance_rate
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from aviatorc.serve.engine import GenerationRequest
+
+# Buckets from 1 ms (a tiny model's step on this CPU) to a minute (a long prompt on a big one).
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_WINDOW_S = 10.0
+
+
+class Registry:
+    """The metric families of one server."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r, m = self.registry, ["model"]
+        self.ttft = Histogram("aviatorc_time_to_first_token_seconds", "Time from submit to the first token", m,
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("aviatorc_time_per_output_token_seconds", "Mean time between a request's tokens", m,
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("aviatorc_e2e_request_latency_seconds", "Time from submit to finished", m,
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.generated = Counter("aviatorc_generation_tokens", "Tokens generated", m, registry=r)
+        self.prompt = Counter("aviatorc_prompt_tokens", "Prompt tokens of finished requests", m, registry=r)
+        self.rate = Gauge("aviatorc_generation_tokens_per_second", f"Tokens generated per second over the last "
+                          f"{_WINDOW_S:g} s", m, registry=r)
+        self.waiting = Gauge("aviatorc_num_requests_waiting", "Requests waiting for a KV slot", m, registry=r)
+        self.running = Gauge("aviatorc_num_requests_running", "Requests holding a KV slot", m, registry=r)
+        self.occupancy = Gauge("aviatorc_batch_occupancy", "Running sequences / KV slots", m, registry=r)
+        self.batch = Histogram("aviatorc_decode_batch_size", "Sequences per decode step", m,
+                               buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
+        self.requests = Counter("aviatorc_requests", "Requests by outcome", [*m, "outcome"], registry=r)
+        self.drafted = Counter("aviatorc_spec_decode_draft_tokens", "Draft tokens proposed", m, registry=r)
+        self.accepted = Counter("aviatorc_spec_decode_accepted_tokens", "Draft tokens the target accepted", m,
+                                registry=r)
+        self.acceptance = Gauge("aviatorc_spec_decode_acceptance_rate", "Accepted / proposed draft tokens", m,
+                                registry=r)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def model(self, name: str) -> Metrics:
+        return Metrics(self, name)
+
+
+class Metrics:
+    """One model's series: the engine's `Observer`."""
+
+    def __init__(self, families: Registry, model: str) -> None:
+        self.f = families
+        self.model = model
+        self._recent: collections.deque[float] = collections.deque()
+        self._drafted = self._accepted = 0
+
+    def rejected(self) -> None:
+        self.f.requests.labels(self.model, "rejected").inc()
+
+    def queued(self, waiting: int, running: int, slots: int) -> None:
+        self.f.waiting.labels(self.model).set(waiting)
+        self.f.running.labels(self.model).set(running)
+        self.f.occupancy.labels(self.model).set(running / slots if slots else 0.0)
+        self._update_rate(time.monotonic())
+
+    def first_token(self, request: GenerationRequest) -> None:
+        assert request.first_token is not None
+        self.f.ttft.labels(self.model).observe(request.first_token - request.submitted)
+
+    def tokens(self, count: int) -> None:
+        self.f.generated.labels(self.model).inc(count)
+        now = time.monotonic()
+        self._recent.extend([now] * count)
+        self._update_rate(now)
+
+    def decode_step(self, batch: int, slots: int) -> None:
+        self.f.batch.labels(self.model).observe(batch)
+
+    def finished(self, request: GenerationRequest) -> None:
+        assert request.finished is not None
+        now = time.monotonic()
+        self.f.requests.labels(self.model, request.finished.reason).inc()
+        self.f.prompt.labels(self.model).inc(len(request.prompt))
+        self.f.e2e.labels(self.model).observe(now - request.submitted)
+        if request.first_token is not None and len(request.generated) > 1:
+            self.f.tpot.labels(self.model).observe((now - request.first_token) / (len(request.generated) - 1))
+
+    def speculated(self, proposed: int, accepted: int) -> None:
+        self._drafted += proposed
+        self._accepted += accepted
+        self.f.drafted.labels(self.model).inc(proposed)
+        self.f.accepted.labels(self.model).inc(accepted)
+        self.f.acceptance.labels(self.model).set(self._accepted / self._drafted if self._drafted else 0.0)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self._accepted / self._drafted if self._drafted else 0.0
+
+    def _update_rate(self, now: float) -> None:
+        while self._recent and self._recent[0] < now - _WINDOW_S:
+            self._recent.popleft()
+        self.f.rate.labels(self.model).set(len(self._recent) / _WINDOW_S)

@@ -1,0 +1,103 @@
+"""The models a server holds: each artifact with its session, tokenizer, engine and metrics.
+
+    models = load_models([ModelSpec("build/a.avc"), ModelSpec("build/b.avc", tokenizer="tok/")])
+
+Several artifacts are served at once only as isolated tenants: each compiled onto its own
+chiplets of the same target (`aviatorc compile --chiplets`), so no SRAM is shared. Artifacts whose
+chiplet sets overlap, or that were compiled for different targets, are refused here, before the
+server listens. Each tenant has its own `Session` and `Engine`: its own KV slots, queue and
+scheduler task, so one tenant's load cannot change another's outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aviatorc.errors import OptionError
+from aviatorc.runtime import NotRunnableError, Session
+from aviatorc.runtime.cache import static_reason
+from aviatorc.serve.engine import Engine
+from aviatorc.serve.metrics import Metrics, Registry
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    artifact: str
+    name: str | None = None  # default: the artifact folder's name without its suffix
+    tokenizer: str | None = None  # a tokenizer folder or a .gguf file
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    max_num_seqs: int | None = None
+    policy: str = "fcfs"
+    max_queue: int = 256
+    request_timeout_s: float | None = None
+    draft: str | None = None  # a draft artifact for speculative decoding (the first model only)
+    num_speculative_tokens: int = 4
+
+
+@dataclass
+class ServedModel:
+    name: str
+    session: Session
+    tokenizer: Any | None
+    engine: Engine
+    metrics: Metrics
+    chiplets: frozenset[int]
+    created: int  # the artifact's mtime, for /v1/models
+
+
+def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Registry) -> dict[str, ServedModel]:
+    """Open every artifact (each must be able to generate), check that the tenants are isolated."""
+    from aviatorc.runtime.text import load_tokenizer
+    from aviatorc.serve.speculative import Speculator
+
+    if not specs:
+        raise OptionError("no artifact to serve", hint="aviatorc serve ARTIFACT [ARTIFACT...]")
+    models: dict[str, ServedModel] = {}
+    targets: dict[str, str] = {}
+    for index, spec in enumerate(specs):
+        session = Session(spec.artifact)
+        if session.cache is None:
+            raise NotRunnableError(f"this model cannot generate: {static_reason(session.graph)}", file=spec.artifact,
+                                   hint="serve a decoder compiled with its KV cache")
+        name = spec.name or Path(spec.artifact).resolve().name.removesuffix(".avc")
+        if name in models:
+            raise OptionError(f"two models are named '{name}'", hint="name them with --served-model-name")
+        chiplets = frozenset(int(c) for c in session.artifact.plan["chiplets"])
+        target = session.artifact.plan["target"]["name"]
+        for other in models.values():
+            if targets[other.name] != target:
+                raise OptionError(f"'{name}' was compiled for target '{target}' but '{other.name}' for "
+                                  f"'{targets[other.name]}'", file=spec.artifact,
+                                  hint="tenants share one machine: compile them for the same target")
+            shared = sorted(chiplets & other.chiplets)
+            if shared:
+                raise OptionError(f"'{name}' and '{other.name}' both use chiplets {_ranges(shared)}: tenants must not "
+                                  "share SRAM", file=spec.artifact,
+                                  hint="compile each onto its own chiplets with --chiplets")
+        metrics = registry.model(name)
+        speculator = None
+        if options.draft is not None and index == 0:
+            speculator = Speculator(Session(options.draft), session, options.num_speculative_tokens, metrics)
+        engine = Engine(session, max_num_seqs=options.max_num_seqs, policy=options.policy, max_queue=options.max_queue,
+                        request_timeout_s=options.request_timeout_s, observer=metrics, speculator=speculator)
+        tokenizer = load_tokenizer(spec.tokenizer) if spec.tokenizer else None
+        created = int(Path(spec.artifact).stat().st_mtime)
+        models[name] = ServedModel(name, session, tokenizer, engine, metrics, chiplets, created)
+        targets[name] = target
+    return models
+
+
+def _ranges(ids: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    groups: list[list[int]] = []
+    for i in ids:
+        if groups and i == groups[-1][1] + 1:
+            groups[-1][1] = i
+        else:
+            groups.append([i, i])
+    return ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in groups)
