@@ -288,6 +288,7 @@ class Engine:
             self.waiting.remove(request)
         request._queue.put_nowait(end)
         self.observer.finished(request)
+        self._observe()
 
     def _drop_ended(self) -> None:
         now = time.monotonic()

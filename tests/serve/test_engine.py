@@ -1,0 +1,155 @@
+"""The continuous-batching engine on a real compiled decoder (in process, no HTTP):
+
+- sequences admitted and decoded together give, token for token, what `Session.generate` gives
+  each prompt alone (greedy), with more requests than KV slots;
+- fcfs serves in arrival order; under `priority` a more important arrival preempts the least
+  important running sequence, which later resumes and still ends with its own greedy tokens;
+- deadlines, cancellation and a full queue end requests with the right outcome and free the slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from aviatorc.runtime import Session
+from aviatorc.serve.engine import Engine, Finished, GenerationRequest, QueueFull
+
+from tests.serve.servers import CONTEXT
+
+
+@pytest.fixture(scope="module")
+def session(artifacts) -> Session:
+    return Session(artifacts["llama"])
+
+
+def prompts(count: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(6, 128, size=int(rng.integers(2, 12))).tolist() for _ in range(count)]
+
+
+def alone(session: Session, prompt: list[int], new: int) -> list[int]:
+    return session.generate(prompt, new)[len(prompt):].tolist()
+
+
+async def serve(engine: Engine, requests: list[GenerationRequest], *, stagger_steps: int = 0) -> list[GenerationRequest]:
+    """Submit `requests` (one more every `stagger_steps` engine steps), run until all finish; the order they finished in."""
+    order: list[GenerationRequest] = []
+    task = asyncio.create_task(engine.run())
+
+    async def follow(request: GenerationRequest) -> None:
+        await request.result()
+        order.append(request)
+
+    followers = []
+    try:
+        for request in requests:
+            followers.append(asyncio.create_task(follow(engine.submit(request))))
+            start = engine.steps
+            while engine.steps < start + stagger_steps:
+                await asyncio.sleep(0.001)
+        await asyncio.wait_for(asyncio.gather(*followers), timeout=120)
+    finally:
+        task.cancel()
+    return order
+
+
+def test_batched_sequences_give_what_each_prompt_gives_alone(session):
+    new = 12
+    reqs = [GenerationRequest(prompt=p, max_tokens=new) for p in prompts(7)]  # 7 requests, 4 slots
+    engine = Engine(session)
+    asyncio.run(serve(engine, reqs, stagger_steps=1))  # arrivals while others decode
+    for request in reqs:
+        assert request.finished == Finished("length")
+        assert request.generated == alone(session, request.prompt, new)
+    assert not engine.running and not engine.waiting
+
+
+def test_fcfs_finishes_in_arrival_order_on_one_slot(session):
+    reqs = [GenerationRequest(prompt=p, max_tokens=4, priority=-i) for i, p in enumerate(prompts(3, seed=1))]
+    order = asyncio.run(serve(Engine(session, max_num_seqs=1, policy="fcfs"), reqs))
+    assert order == reqs  # priorities are ignored under fcfs
+
+
+def test_a_more_important_request_preempts_and_the_preempted_one_resumes(session):
+    low, high = prompts(2, seed=2)
+    background = GenerationRequest(prompt=low, max_tokens=20, priority=5)
+    interactive = GenerationRequest(prompt=high, max_tokens=3, priority=0)
+    engine = Engine(session, max_num_seqs=1, policy="priority")
+    order = asyncio.run(serve(engine, [background, interactive], stagger_steps=4))
+    assert order == [interactive, background]
+    assert background.preemptions == 1 and interactive.preemptions == 0
+    # Preempted after some tokens, prefilled again with them, it still ends as it would alone.
+    assert background.generated == alone(session, low, 20)
+    assert interactive.generated == alone(session, high, 3)
+
+
+def test_equal_priorities_are_served_first_come_first_served(session):
+    reqs = [GenerationRequest(prompt=p, max_tokens=3, priority=1) for p in prompts(3, seed=3)]
+    order = asyncio.run(serve(Engine(session, max_num_seqs=1, policy="priority"), reqs, stagger_steps=1))
+    assert order == reqs
+    assert all(r.preemptions == 0 for r in reqs)
+
+
+def test_a_deadline_ends_the_request_and_frees_its_slot(session):
+    slow = GenerationRequest(prompt=[5, 6, 7], max_tokens=CONTEXT - 4, timeout_s=0.001)
+    quick = GenerationRequest(prompt=[8, 9], max_tokens=2)
+    engine = Engine(session, max_num_seqs=1)
+    asyncio.run(serve(engine, [slow, quick]))
+    assert slow.finished is not None and slow.finished.reason == "timeout"
+    assert len(slow.generated) < CONTEXT - 4
+    assert quick.finished == Finished("length") and quick.generated == alone(session, [8, 9], 2)
+
+
+def test_the_server_wide_timeout_caps_a_longer_request_timeout(session):
+    engine = Engine(session, request_timeout_s=0.001)
+    request = GenerationRequest(prompt=[5, 6], max_tokens=CONTEXT - 4, timeout_s=100.0)
+    asyncio.run(serve(engine, [request]))
+    assert request.timeout_s == 0.001 and request.finished is not None and request.finished.reason == "timeout"
+
+
+def test_a_cancelled_request_frees_its_slot_at_the_next_step(session):
+    async def scenario() -> tuple[GenerationRequest, Engine]:
+        engine = Engine(session, max_num_seqs=1)
+        task = asyncio.create_task(engine.run())
+        request = engine.submit(GenerationRequest(prompt=[5, 6, 7], max_tokens=CONTEXT - 4))
+        async for _ in request.events():
+            if len(request.generated) == 2:
+                request.cancel()
+                engine.wake()
+        task.cancel()
+        return request, engine
+
+    request, engine = asyncio.run(scenario())
+    assert request.finished is not None and request.finished.reason == "cancelled"
+    assert 2 <= len(request.generated) <= 3  # at most the step already running when it cancelled
+    assert not engine.running
+
+
+def test_a_full_queue_refuses_at_once(session):
+    async def scenario() -> None:
+        engine = Engine(session, max_queue=2)  # not running: nothing leaves the queue
+        engine.submit(GenerationRequest(prompt=[5], max_tokens=1))
+        engine.submit(GenerationRequest(prompt=[6], max_tokens=1))
+        with pytest.raises(QueueFull, match="2 requests waiting"):
+            engine.submit(GenerationRequest(prompt=[7], max_tokens=1))
+
+    asyncio.run(scenario())
+
+
+def test_a_stop_token_ends_the_sequence(session):
+    prompt = prompts(1, seed=4)[0]
+    free_run = alone(session, prompt, 10)
+    stop = free_run[4]
+    request = GenerationRequest(prompt=prompt, max_tokens=10, stop_ids=frozenset({stop}))
+    asyncio.run(serve(Engine(session), [request]))
+    assert request.finished == Finished("stop")
+    assert request.generated == free_run[:free_run.index(stop) + 1]
+
+
+def test_a_prompt_the_context_cannot_hold_is_refused(session):
+    engine = Engine(session)
+    with pytest.raises(Exception, match=f"context is {CONTEXT}"):
+        engine.submit(GenerationRequest(prompt=list(range(CONTEXT)), max_tokens=1))

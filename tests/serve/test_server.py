@@ -1,0 +1,221 @@
+"""`aviatorc serve` as users start it: a subprocess on 127.0.0.1 (ephemeral port), driven with the
+official `openai` client and with raw `httpx`:
+
+- greedy completions (token ids and text) and chat completions equal `Session.generate`;
+- the SSE stream: `data:` events, `finish_reason` only on the last chunk, the usage chunk,
+  `data: [DONE]`; streamed text and ids equal the non-streamed ones;
+- `usage` counts, `/v1/models`, `/metrics` counting requests by outcome;
+- errors in OpenAI's body: unknown model 404, unsupported field 400, full queue 429, timeout 504;
+- a client that disconnects mid-stream frees its slot.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from aviatorc.runtime import Session
+from aviatorc.runtime.text import load_tokenizer
+from tests.serve.servers import CONTEXT, EOS, start_server
+
+openai = pytest.importorskip("openai")
+
+
+@pytest.fixture(scope="module")
+def server(artifacts, tokenizer_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("log") / "server.log"
+    with start_server(str(artifacts["llama"]), "--tokenizer", str(tokenizer_dir), "--max-queue", "4",
+                      log=log) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def session(artifacts) -> Session:
+    return Session(artifacts["llama"])
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def greedy(session: Session, prompt: list[int], new: int, eos: int | None = EOS) -> list[int]:
+    return session.generate(prompt, new, eos_token_id=eos)[len(prompt):].tolist()
+
+
+def metric(server, name: str, **labels: str) -> float:
+    text = httpx.get(server.url + "/metrics").text
+    want = ",".join(f'{k}="{v}"' for k, v in sorted({"model": "llama", **labels}.items()))
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            body = line[len(name) + 1:line.index("}")]
+            if ",".join(sorted(body.split(","))) == want:
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_greedy_completion_from_token_ids_equals_session_generate(client, session):
+    prompt = [7, 8, 9, 10, 11]
+    out = client.completions.create(model="llama", prompt=prompt, max_tokens=12, temperature=0,
+                                    extra_body={"return_token_ids": True})
+    choice = out.choices[0]
+    want = greedy(session, prompt, 12)
+    assert choice.model_extra["token_ids"] == want
+    assert choice.model_extra["prompt_token_ids"] == prompt
+    assert choice.finish_reason == ("stop" if want[-1] == EOS else "length")
+    assert out.usage.prompt_tokens == 5 and out.usage.completion_tokens == len(want)
+    assert out.usage.total_tokens == 5 + len(want)
+
+
+def test_a_text_prompt_goes_through_the_tokenizer_both_ways(client, session, tokenizer_dir):
+    tok = load_tokenizer(tokenizer_dir)
+    text = "w20 w21 w22 w23"
+    out = client.completions.create(model="llama", prompt=text, max_tokens=10, temperature=0, extra_body={"ignore_eos": True})
+    want = greedy(session, tok.encode(text), 10, eos=None)
+    assert out.choices[0].text == tok.decode(want, skip_special_tokens=True)
+    assert out.usage.prompt_tokens == len(tok.encode(text)) and out.usage.completion_tokens == 10
+    assert "token_ids" not in (out.choices[0].model_extra or {})  # only when asked, for a model with a tokenizer
+
+
+def test_several_prompts_in_one_request_are_separate_choices(client, session):
+    prompts = [[30, 31, 32], [40, 41], [50, 51, 52, 53]]
+    out = client.completions.create(model="llama", prompt=prompts, max_tokens=6, temperature=0,
+                                    extra_body={"return_token_ids": True, "ignore_eos": True})
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    for choice, prompt in zip(out.choices, prompts):
+        assert choice.model_extra["token_ids"] == greedy(session, prompt, 6, eos=None)
+    assert out.usage.prompt_tokens == 9 and out.usage.completion_tokens == 18
+
+
+def test_chat_uses_the_tokenizers_chat_template(client, session, tokenizer_dir):
+    tok = load_tokenizer(tokenizer_dir)
+    messages = [{"role": "system", "content": "w9 w10"}, {"role": "user", "content": "w11 w12 w13"}]
+    out = client.chat.completions.create(model="llama", messages=messages, max_tokens=8, temperature=0,
+                                         extra_body={"return_token_ids": True})
+    ids = tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+                     add_special_tokens=False)
+    want = greedy(session, ids, 8)
+    choice = out.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.model_extra["token_ids"] == want
+    assert choice.message.content == tok.decode(want, skip_special_tokens=True)
+    assert out.usage.prompt_tokens == len(ids)
+
+
+def test_the_stream_is_sse_with_done_and_usage(server, session):
+    body = {"model": "llama", "prompt": [12, 13, 14], "max_tokens": 7, "temperature": 0, "stream": True,
+            "ignore_eos": True, "return_token_ids": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in response.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in events)
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(line[6:]) for line in events[:-1]]
+    usage = chunks.pop()
+    assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 3, "completion_tokens": 7, "total_tokens": 10}
+    reasons = [c["choices"][0]["finish_reason"] for c in chunks]
+    assert reasons[:-1] == [None] * (len(chunks) - 1) and reasons[-1] == "length"
+    assert [t for c in chunks for t in c["choices"][0]["token_ids"]] == greedy(session, [12, 13, 14], 7, eos=None)
+    assert len({c["id"] for c in chunks}) == 1 and all(c["object"] == "text_completion" for c in chunks)
+
+
+def test_streamed_chat_equals_the_whole_answer(client):
+    messages = [{"role": "user", "content": "w30 w31 w32"}]
+    whole = client.chat.completions.create(model="llama", messages=messages, max_tokens=9, temperature=0)
+    stream = client.chat.completions.create(model="llama", messages=messages, max_tokens=9, temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+
+
+def test_seeded_sampling_repeats_and_differs_from_greedy(client):
+    def run(seed: int | None, temperature: float) -> list[int]:
+        out = client.completions.create(model="llama", prompt=[60, 61], max_tokens=16, temperature=temperature,
+                                        top_p=0.9, seed=seed, extra_body={"return_token_ids": True, "ignore_eos": True})
+        return out.choices[0].model_extra["token_ids"]
+
+    assert run(5, 1.5) == run(5, 1.5)
+    assert run(5, 1.5) != run(None, 0.0)
+
+
+def test_models_lists_the_artifact(client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["llama"]
+    assert models.data[0].model_extra["max_model_len"] == CONTEXT
+
+
+def test_errors_use_the_openai_body(server, client):
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.completions.create(model="nope", prompt=[1, 2], max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="n=2 is not supported"):
+        client.completions.create(model="llama", prompt=[1, 2], max_tokens=2, n=2)
+    with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
+        client.completions.create(model="llama", prompt=[1, 100000], max_tokens=2)
+    response = httpx.post(server.url + "/v1/completions", json={"model": "llama", "prompt": [1], "max_tokens": 0})
+    assert response.status_code == 400 and "max_tokens" in response.json()["error"]["message"]
+    response = httpx.post(server.url + "/v1/completions", json={"model": "llama", "prompt": [5, 6], "max_tokens": 50,
+                                                                 "timeout": 0.001})
+    assert response.status_code == 504 and "timed out" in response.json()["error"]["message"]
+
+
+def test_a_full_queue_answers_429_and_a_disconnect_frees_the_slot(server):
+    """8 long streams opened at once: 4 hold the slots, 4 wait (--max-queue 4), so the next request
+    gets 429. (A stream of 500 tokens takes seconds here; opening 8 takes milliseconds.) Then the
+    clients go away mid-stream: every slot is freed and each request counted as cancelled."""
+    body = {"model": "llama", "prompt": [5, 6, 7], "max_tokens": CONTEXT - 8, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    cancelled_before = metric(server, "aviatorc_requests_total", outcome="cancelled")
+    clients = [httpx.Client(base_url=server.url, timeout=60) for _ in range(8)]
+    streams = []
+    try:
+        for c in clients:  # each returns once the server has queued its request (the SSE headers came)
+            ctx = c.stream("POST", "/v1/completions", json=body)
+            streams.append((ctx, ctx.__enter__()))
+        refused = httpx.post(server.url + "/v1/completions", json={**body, "stream": False}, timeout=60)
+        assert refused.status_code == 429
+        error = refused.json()["error"]
+        assert error["type"] == "rate_limit_error" and "queue is full (4 requests waiting)" in error["message"]
+        first = next(line for line in streams[0][1].iter_lines() if line)  # the running ones do stream
+        assert first.startswith("data: {")
+    finally:
+        for ctx, _ in streams:
+            ctx.__exit__(None, None, None)
+        for c in clients:
+            c.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (metric(server, "aviatorc_num_requests_running") > 0
+                                            or metric(server, "aviatorc_num_requests_waiting") > 0):
+        time.sleep(0.05)
+    assert metric(server, "aviatorc_num_requests_running") == 0 and metric(server, "aviatorc_num_requests_waiting") == 0
+    assert metric(server, "aviatorc_requests_total", outcome="cancelled") - cancelled_before == 8
+    assert metric(server, "aviatorc_requests_total", outcome="rejected") >= 1
+
+
+def test_metrics_count_tokens_and_outcomes(server, client):
+    before = metric(server, "aviatorc_generation_tokens_total")
+    length_before = metric(server, "aviatorc_requests_total", outcome="length")
+    client.completions.create(model="llama", prompt=[70, 71], max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+    assert metric(server, "aviatorc_generation_tokens_total") - before == 5
+    assert metric(server, "aviatorc_requests_total", outcome="length") - length_before == 1
+    assert metric(server, "aviatorc_time_to_first_token_seconds_count") >= 1
+    text = httpx.get(server.url + "/metrics").text
+    for family in ("aviatorc_time_per_output_token_seconds", "aviatorc_batch_occupancy",
+                   "aviatorc_generation_tokens_per_second", "aviatorc_decode_batch_size"):
+        assert family in text
+
+
+def test_a_model_that_cannot_serve_is_refused_before_listening(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "aviatorc", "serve", str(tmp_path / "missing.avc"), "--port", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "not an artifact directory" in out.stderr and "listening" not in out.stdout
