@@ -16,7 +16,6 @@ import pytest
 
 from aviatorc.runtime import Session
 from aviatorc.serve.engine import Engine, Finished, GenerationRequest, QueueFull
-
 from tests.serve.servers import CONTEXT
 
 
