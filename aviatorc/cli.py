@@ -51,6 +51,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE_ERROR, f"aviatorc: error: {message} (see `{self.prog} --help`)\n")
 
 
+class _ShowDefaults(argparse.HelpFormatter):
+    """Help lines end with "(default: X)" where an option has a default its help does not state."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default not in (None, False, argparse.SUPPRESS) and "default" not in text and action.option_strings:
+            text += " (default: %(default)s)"
+        return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. Exit status: 0 done, 1 a user error (one line), 3 an internal error.
 
@@ -170,25 +180,26 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_generate)
 
     p = sub.add_parser("serve", help="serve compiled decoders over the OpenAI API (completions, chat, SSE)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=_ShowDefaults)
     p.add_argument("artifacts", nargs="+", metavar="ARTIFACT", help="artifact directories; several are served as "
                    "isolated tenants (each compiled onto its own chiplets with --chiplets)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=int, default=8000, help="port to listen on (0: a free one, printed when ready)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on, 8000 by default (0: a free one, printed "
+                   "when ready)")
     p.add_argument("--tokenizer", action="append", metavar="DIR", help="a Hugging Face tokenizer folder or a .gguf "
                    "file: once for every artifact, or once per artifact in order (default: token ids only)")
     p.add_argument("--served-model-name", action="append", metavar="NAME",
                    help="the model's name in the API, once per artifact (default: the artifact folder's name)")
-    p.add_argument("--max-num-seqs", type=int, help="sequences decoded together (default: the plan's KV slots, "
+    p.add_argument("--max-num-seqs", type=int, metavar="K", help="sequences decoded together (default: the plan's KV slots, "
                    "its compiled --batch)")
     p.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
                    help="fcfs: arrival order; priority: lower `priority` first, may preempt")
-    p.add_argument("--max-queue", type=int, default=256, help="requests waiting before new ones get 429")
+    p.add_argument("--max-queue", type=int, default=256, metavar="N", help="requests waiting before new ones get 429")
     p.add_argument("--request-timeout", type=float, metavar="S", help="server-wide limit per request, in seconds "
                    "(a request's own `timeout` may only shorten it)")
     p.add_argument("--draft", metavar="ARTIFACT", help="a small draft model for speculative decoding of the first "
                    "artifact (greedy requests)")
-    p.add_argument("--num-speculative-tokens", type=int, default=4, help="draft tokens per step")
+    p.add_argument("--num-speculative-tokens", type=int, default=4, metavar="K", help="draft tokens per step")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="warning")
     p.set_defaults(handler=cmd_serve)
 

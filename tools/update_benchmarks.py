@@ -21,6 +21,7 @@ ORDER = [
     ("bench_partition", "python tools/bench_partition.py"),
     ("bench_plan", "python tools/bench_plan.py"),
     ("bench_runtime", "python tools/bench_runtime.py"),
+    ("bench_serve", "python tools/bench_serve.py --draft"),
     ("fuzz", "python tools/fuzz.py --budget 2000"),
 ]
 
