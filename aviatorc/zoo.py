@@ -239,21 +239,24 @@ CacheNaming = Literal["flat", "hf"]
 
 
 def decode_input_names(arch: str, naming: CacheNaming = "flat") -> tuple[list[str], list[str]]:
-    """(input names, output names) of the decode-step graph for ``arch``: the cache as
-    ``past_key_0`` / ``present_key_0`` (``flat``) or ``past_key_values.0.key`` /
-    ``present.0.key`` (``hf``, as Hugging Face's exporters name it)."""
+    """(input names, output names) of the decode-step graph for ``arch``: ``input_ids``,
+    ``attention_mask``, ``position_ids``, then the cache as ``past_key_0`` / ``present_key_0``
+    (``flat``) or ``past_key_values.0.key`` / ``present.0.key`` (``hf``, as Hugging Face's
+    exporters name it)."""
     layers = config(arch).num_hidden_layers
     pairs = [(i, kv) for i in range(layers) for kv in ("key", "value")]
+    tokens = ["input_ids", "attention_mask", "position_ids"]
     if naming == "hf":
-        return (["input_ids", "attention_mask", *(f"past_key_values.{i}.{kv}" for i, kv in pairs)],
+        return ([*tokens, *(f"past_key_values.{i}.{kv}" for i, kv in pairs)],
                 ["logits", *(f"present.{i}.{kv}" for i, kv in pairs)])
-    return (["input_ids", "attention_mask", *(f"past_{kv}_{i}" for i, kv in pairs)],
+    return ([*tokens, *(f"past_{kv}_{i}" for i, kv in pairs)],
             ["logits", *(f"present_{kv}_{i}" for i, kv in pairs)])
 
 
 def decode_example_inputs(arch: str, past: int = 6, seed: int = 0, new: int = 1,
-                          naming: CacheNaming = "flat") -> dict[str, torch.Tensor]:
-    """Inputs of one step: ``new`` tokens after ``past`` cached positions (batch 1)."""
+                          naming: CacheNaming = "flat", batch: int = 1) -> dict[str, torch.Tensor]:
+    """Inputs of one step: ``new`` tokens after ``past`` cached positions, for ``batch``
+    sequences, at positions ``past .. past + new - 1``."""
     import torch
 
     cfg = config(arch)
@@ -262,19 +265,21 @@ def decode_example_inputs(arch: str, past: int = 6, seed: int = 0, new: int = 1,
     names, _ = decode_input_names(arch, naming)
     gen = torch.Generator().manual_seed(seed)
     tensors = [
-        torch.randint(3, VOCAB_SIZE, (1, new), generator=gen, dtype=torch.int64),
-        torch.ones(1, past + new, dtype=torch.int64),
+        torch.randint(3, VOCAB_SIZE, (batch, new), generator=gen, dtype=torch.int64),
+        torch.ones(batch, past + new, dtype=torch.int64),
+        torch.arange(past, past + new, dtype=torch.int64).expand(batch, new).contiguous(),
     ]
-    tensors += [torch.randn(1, kv_heads, past, head_dim, generator=gen) for _ in names[2:]]
+    tensors += [torch.randn(batch, kv_heads, past, head_dim, generator=gen) for _ in names[3:]]
     return dict(zip(names, tensors, strict=True))
 
 
 def build_decode_model(arch: str, seed: int = 0) -> torch.nn.Module:
     """The zoo model of ``arch`` wrapped as one decode step with a flat KV cache.
 
-    ``forward(input_ids [1, new], attention_mask [1, past + new], *past_kv)`` where
-    ``past_kv`` is key_0, value_0, key_1, ... each [1, kv_heads, past, head_dim];
-    returns (logits, *present_kv) with the cache grown by ``new`` positions.
+    ``forward(input_ids [batch, new], attention_mask [batch, past + new], position_ids
+    [batch, new], *past_kv)`` where ``past_kv`` is key_0, value_0, key_1, ... each
+    [batch, kv_heads, past, head_dim]; returns (logits, *present_kv) with the cache grown by
+    ``new`` positions.
     """
     if arch not in DECODE_ARCHS:
         raise ValueError(f"no decode-step export for {arch!r}; choose one of {', '.join(DECODE_ARCHS)}")
@@ -287,24 +292,28 @@ def build_decode_model(arch: str, seed: int = 0) -> torch.nn.Module:
 def export_decode_onnx(arch: str, path: str | Path, *, opset: int = 18, seed: int = 0,
                        naming: CacheNaming = "flat") -> Path:
     """Export a step of ``arch`` with its KV cache (dynamo exporter): ``new`` tokens after a
-    ``past`` of any length, both dynamic, so one graph serves the prompt (past 0) and each
-    decode step (new 1).
+    ``past`` of any length, for any ``batch`` of sequences, all dynamic, so one graph serves
+    the prompt (past 0) and each decode step (new 1), one sequence or a batch of them.
 
-    Inputs: ``input_ids`` [1, new], ``attention_mask`` [1, past + new], the cache
-    (``past_key_i`` / ``past_value_i``, or the ``hf`` names) [1, kv_heads, past, head_dim];
-    outputs ``logits`` [1, new, vocab] and the cache grown by ``new`` positions.
+    Inputs: ``input_ids`` [batch, new], ``attention_mask`` [batch, past + new],
+    ``position_ids`` [batch, new], the cache (``past_key_i`` / ``past_value_i``, or the ``hf``
+    names) [batch, kv_heads, past, head_dim]; outputs ``logits`` [batch, new, vocab] and the
+    cache grown by ``new`` positions. The sequences of a batch may stand at different lengths:
+    pad the shorter pasts, with attention_mask 0 there, and give each its own positions.
     """
     import onnx
     import torch
 
+    from aviatorc.frontends.torch.decoder import EXAMPLE_BATCH, EXAMPLE_NEW, EXAMPLE_PAST, step_dynamic_shapes
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     model = build_decode_model(arch, seed)
-    inputs = decode_example_inputs(arch, past=4, new=3, seed=seed, naming=naming)
+    # The example sizes of the compiler's own step graph (none 0 or 1, all unequal), and its
+    # dynamic shapes, so the two exports agree on what is symbolic.
+    inputs = decode_example_inputs(arch, past=EXAMPLE_PAST, new=EXAMPLE_NEW, batch=EXAMPLE_BATCH, seed=seed,
+                                   naming=naming)
     in_names, out_names = decode_input_names(arch, naming)
-    # AUTO: torch.export infers that the mask is past + new long (named Dims cannot add two
-    # Dims); sizes 0 and 1 would be specialized, so the example has 4 past and 3 new.
-    auto = torch.export.Dim.AUTO
     torch.onnx.export(
         model,
         tuple(inputs.values()),
@@ -314,7 +323,7 @@ def export_decode_onnx(arch: str, path: str | Path, *, opset: int = 18, seed: in
         opset_version=opset,
         dynamo=True,
         verbose=False,
-        dynamic_shapes=({1: auto}, {1: auto}, tuple({2: auto} for _ in in_names[2:])),
+        dynamic_shapes=step_dynamic_shapes(config(arch).num_hidden_layers),
     )
     onnx.checker.check_model(str(path), full_check=True)
     return path

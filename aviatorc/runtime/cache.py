@@ -13,7 +13,9 @@ A pair counts only if the shapes agree: same rank, and every dim equal except th
 axis, which is symbolic in the past. The token input is `input_ids` with a symbolic length (a
 static one bakes the sequence length into rotary tables and masks: such a graph cannot
 generate, and `static_reason` says why); `attention_mask` and `position_ids`, where present,
-are fed by the runtime.
+are fed by the runtime. The batch is axis 0 of every input; `CacheLayout.batch` is its declared
+size on `input_ids` (a symbol, or 1 for a batch-1 export), which says whether one step may run
+several sequences.
 """
 
 from __future__ import annotations
@@ -49,10 +51,15 @@ class CacheLayout:
     attention_mask: str | None
     position_ids: str | None
     past_shapes: dict[str, tuple[int | str | None, ...]]  # input -> its declared shape
+    batch: int | str | None = 1  # input_ids' declared axis 0: a symbol when any batch runs
 
     @property
     def past_inputs(self) -> set[str]:
         return {p.past for p in self.pairs}
+
+    def runs_batch(self, size: int) -> bool:
+        """Whether one step of the graph takes `size` sequences at once."""
+        return isinstance(self.batch, str) or self.batch == size
 
 
 def find_cache(graph: Graph) -> CacheLayout | None:
@@ -77,7 +84,12 @@ def find_cache(graph: Graph) -> CacheLayout | None:
     return CacheLayout("input_ids", logits, tuple(sorted(pairs, key=lambda p: (p.layer, p.kind))),
                        "attention_mask" if "attention_mask" in inputs else None,
                        "position_ids" if "position_ids" in inputs else None,
-                       {p.past: inputs[p.past].type.shape for p in pairs})
+                       {p.past: inputs[p.past].type.shape for p in pairs},
+                       _batch_dim(inputs["input_ids"]))
+
+
+def _batch_dim(ids: Value) -> int | str | None:
+    return ids.type.shape[0] if ids.type.rank >= 1 else None
 
 
 def _sequence_axis(past: Value, present: Value) -> int | None:

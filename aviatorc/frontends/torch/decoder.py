@@ -2,16 +2,23 @@
 
     graph = import_decoder(model)            # a transformers causal LM, real or on the meta device
 
-The graph runs `new` tokens after a cache of `past` positions, both lengths symbolic, so the
-same graph serves the prompt (an empty past) and each decode step (one new token):
+The graph runs `new` tokens after a cache of `past` positions for `batch` sequences, all three
+symbolic, so the same graph serves the prompt (an empty past) and each decode step (one new
+token), one sequence or a batch of them:
 
-    inputs:  input_ids [1, new], attention_mask [1, past + new],
-             past_key_values.N.key / .value [1, kv_heads, past, head_dim] for each layer N
-    outputs: logits [1, new, vocab], present.N.key / .value [1, kv_heads, past + new, head_dim]
+    inputs:  input_ids [batch, new], attention_mask [batch, past + new], position_ids [batch, new],
+             past_key_values.N.key / .value [batch, kv_heads, past, head_dim] for each layer N
+    outputs: logits [batch, new, vocab], present.N.key / .value [batch, kv_heads, past + new, head_dim]
 
 (the names of Hugging Face's ONNX exporters, which `aviatorc.runtime.cache` recognizes). The
 model is wrapped so the cache is plain tensors (`DecodeStep` rebuilds a `DynamicCache` from
-them) and exported with `torch.export`; positions are `past .. past + new - 1`.
+them) and exported with `torch.export`.
+
+Position ids are an input because the sequences of a batch stand at different lengths: the
+runtime pads each one's past to the longest, with attention_mask 0 on the padded positions, and
+gives each its own positions. The model's causal mask is built from cache indices (the new
+tokens after all `past` slots) and its padding mask from attention_mask, so a padded position
+is excluded whatever its place in the past.
 """
 
 from __future__ import annotations
@@ -26,8 +33,9 @@ if TYPE_CHECKING:
 
     from aviatorc.ir import Graph
 
-# Example lengths: neither 0 nor 1 (torch.export specializes those), and unequal, so the
-# exporter keeps `new` and `past` apart.
+# Example sizes: neither 0 nor 1 (torch.export specializes those), and unequal, so the
+# exporter keeps `batch`, `new`, `past` and `past + new` apart.
+EXAMPLE_BATCH = 2
 EXAMPLE_NEW = 3
 EXAMPLE_PAST = 4
 
@@ -45,21 +53,19 @@ def decode_step_class() -> type[torch.nn.Module]:
     from transformers import DynamicCache
 
     class DecodeStep(torch.nn.Module):
-        """`forward(input_ids, attention_mask, *past_kv) -> (logits, *present_kv)`, the cache flat:
-        key_0, value_0, key_1, ... each [batch, kv_heads, past, head_dim]."""
+        """`forward(input_ids, attention_mask, position_ids, *past_kv) -> (logits, *present_kv)`,
+        the cache flat: key_0, value_0, key_1, ... each [batch, kv_heads, past, head_dim]."""
 
         def __init__(self, inner: torch.nn.Module) -> None:
             super().__init__()
             self.inner = inner
 
-        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                     *past_kv: torch.Tensor) -> tuple[torch.Tensor, ...]:
             cfg: Any = self.inner.config
             cache = DynamicCache(config=cfg)
             for layer in range(cfg.num_hidden_layers):
                 cache.update(past_kv[2 * layer], past_kv[2 * layer + 1], layer)
-            past = past_kv[0].shape[2]
-            position_ids = torch.arange(past, past + input_ids.shape[1]).unsqueeze(0)
             out = self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              cache=cache, use_cache=True)
             present = [t for layer in cache.layers for t in (layer.keys, layer.values)]  # type: ignore[union-attr]
@@ -77,8 +83,10 @@ def cache_shape(model: Any) -> tuple[int, int]:
     return int(kv_heads), int(head_dim)
 
 
-def example_step(model: Any, new: int = EXAMPLE_NEW, past: int = EXAMPLE_PAST, seed: int = 0) -> tuple[torch.Tensor, ...]:
-    """Inputs of one step of `model` (batch 1): `new` tokens after `past` cached positions."""
+def example_step(model: Any, new: int = EXAMPLE_NEW, past: int = EXAMPLE_PAST, seed: int = 0,
+                 batch: int = EXAMPLE_BATCH) -> tuple[torch.Tensor, ...]:
+    """Inputs of one step of `model`: `new` tokens after `past` cached positions, for `batch`
+    sequences (input_ids, attention_mask, position_ids, *cache)."""
     import torch
 
     from aviatorc.frontends.torch import exporter
@@ -88,11 +96,22 @@ def example_step(model: Any, new: int = EXAMPLE_NEW, past: int = EXAMPLE_PAST, s
     kv_heads, head_dim = cache_shape(model)
     gen = torch.Generator().manual_seed(seed)
     vocab = int(model.config.vocab_size)
-    ids = torch.randint(0, vocab, (1, new), generator=gen, dtype=torch.int64)
-    mask = torch.ones(1, past + new, dtype=torch.int64)
-    cache = [torch.randn(1, kv_heads, past, head_dim, generator=gen).to(dtype)
+    ids = torch.randint(0, vocab, (batch, new), generator=gen, dtype=torch.int64)
+    mask = torch.ones(batch, past + new, dtype=torch.int64)
+    positions = torch.arange(past, past + new, dtype=torch.int64).expand(batch, new).contiguous()
+    cache = [torch.randn(batch, kv_heads, past, head_dim, generator=gen).to(dtype)
              for _ in range(2 * model.config.num_hidden_layers)]
-    return tuple(t.to(device) for t in (ids, mask, *cache))
+    return tuple(t.to(device) for t in (ids, mask, positions, *cache))
+
+
+def step_dynamic_shapes(layers: int) -> tuple[Any, ...]:
+    """`torch.export` dynamic shapes of a step's inputs: batch, new and past all `Dim.AUTO` (the
+    exporter infers that the mask is past + new long; named Dims cannot add two Dims)."""
+    import torch
+
+    auto = torch.export.Dim.AUTO
+    tokens = {0: auto, 1: auto}
+    return (tokens, tokens, tokens, tuple({0: auto, 2: auto} for _ in range(2 * layers)))
 
 
 def cache_names(layers: int) -> tuple[list[str], list[str]]:
@@ -103,8 +122,6 @@ def cache_names(layers: int) -> tuple[list[str], list[str]]:
 
 def import_decoder(model: torch.nn.Module, *, name: str | None = None) -> Graph:
     """The step graph of a transformers causal LM (see the module docstring)."""
-    import torch
-
     from aviatorc.frontends.torch import import_torch
 
     if not is_decoder(model):
@@ -112,12 +129,10 @@ def import_decoder(model: torch.nn.Module, *, name: str | None = None) -> Graph:
                           hint="pass example_inputs to import its forward instead")
     step = decode_step_class()(model).eval()
     inputs = example_step(model)
-    auto = torch.export.Dim.AUTO
     layers = int(model.config.num_hidden_layers)  # type: ignore[union-attr, arg-type]
-    graph = import_torch(step, inputs, dynamic_shapes=({1: auto}, {1: auto}, tuple({2: auto} for _ in range(2 * layers))),
-                         name=name or type(model).__name__)
+    graph = import_torch(step, inputs, dynamic_shapes=step_dynamic_shapes(layers), name=name or type(model).__name__)
     past, present = cache_names(layers)
-    for value, new_name in zip(graph.inputs, ["input_ids", "attention_mask", *past], strict=True):
+    for value, new_name in zip(graph.inputs, ["input_ids", "attention_mask", "position_ids", *past], strict=True):
         graph.rename(value, new_name)
     for value, new_name in zip(graph.outputs, ["logits", *present], strict=True):
         graph.rename(value, new_name)
