@@ -18,7 +18,11 @@ Decoder graphs that carry their KV cache (`aviatorc.runtime.cache`) also generat
 `generate` runs the prompt through the `prefill` program (an empty past) and each new token
 through the `decode` program, feeding the cache each step returns to the next. The step API
 keeps one cache per slot, `num_slots` of them (the batch the plan was compiled for), each at
-most the plan's context long; the serving stack drives it.
+most the plan's context long; the serving stack drives it. `decode` runs all the slots it is
+given as one batched step when the graph's batch is symbolic (the compiler's own step graphs,
+`aviatorc.zoo.export_decode_onnx`): the shorter caches are padded to the longest, masked out by
+attention_mask, and each slot gets its own position ids. A batch-1 graph steps slot by slot.
+`prefill` runs one slot at a time.
 
 Devices: `sim` (`aviatorc.backends.sim`, the instruction streams on the CPU, checking every
 rule of the plan as it runs). `cuda` is not implemented yet.
@@ -175,15 +179,22 @@ class Session:
         return logits
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
-        """Append `tokens[i]` to sequence `slots[i]`; the next logits, one row per slot."""
+        """Append `tokens[i]` to sequence `slots[i]`; the next logits, one row per slot.
+
+        A graph with a symbolic batch runs all the slots as one step (`_batched_step`); a
+        batch-1 graph, one step per slot."""
         if len(slots) != len(tokens):
             raise OptionError(f"decode got {len(slots)} slots and {len(tokens)} tokens")
+        if len(set(slots)) != len(slots):
+            raise OptionError(f"decode got a slot twice: {list(slots)}", hint="give each running slot once per step")
         for slot in slots:
             if slot not in self._slots:
                 raise OptionError(f"slot {slot} holds no sequence", hint="prefill it first")
-        # The graphs of today's exports take one sequence (batch 1): one step per slot.
-        return np.stack([self._step(self._slots[slot], np.array([[token]], dtype=np.int64), "decode")
-                         for slot, token in zip(slots, tokens)])
+        sequences = [self._slots[slot] for slot in slots]
+        ids = np.array(tokens, dtype=np.int64)[:, None]
+        if len(sequences) > 1 and self._batches(sequences):
+            return self._batched_step(sequences, ids)
+        return np.stack([self._step(sequence, row[None, :], "decode") for sequence, row in zip(sequences, ids)])
 
     def free(self, slot: int) -> None:
         """Release slot `slot` and its cache (a no-op for a free slot)."""
@@ -249,12 +260,7 @@ class Session:
     def _step(self, sequence: _Sequence, ids: np.ndarray, phase: str) -> np.ndarray:
         """Run `ids` [1, n] after `sequence`'s cache; grow the cache; the last position's logits."""
         layout = self._require_cache()
-        new = ids.shape[1]
-        if sequence.length + new > self.context:
-            raise RuntimeInputError(f"the sequence would hold {sequence.length + new} tokens but the plan was compiled "
-                                    f"for a context of {self.context}", input=layout.ids,
-                                    hint="compile with a larger --context")
-        total = sequence.length + new
+        total = self._room(sequence, ids.shape[1])
         feeds: dict[str, np.ndarray] = {layout.ids: ids, **sequence.cache}
         if layout.attention_mask:
             feeds[layout.attention_mask] = np.ones((1, total), dtype=np.int64)
@@ -265,6 +271,56 @@ class Session:
             sequence.cache[pair.past] = outputs[pair.present]
         sequence.length = total
         return outputs[layout.logits][0, -1]
+
+    def _room(self, sequence: _Sequence, new: int) -> int:
+        """The sequence's length after `new` more tokens, if the plan's context holds them."""
+        total = sequence.length + new
+        if total > self.context:
+            raise RuntimeInputError(f"the sequence would hold {total} tokens but the plan was compiled "
+                                    f"for a context of {self.context}", input=self._require_cache().ids,
+                                    hint="compile with a larger --context")
+        return total
+
+    def _batches(self, sequences: Sequence[_Sequence]) -> bool:
+        """Whether one step can run all of `sequences`: the graph takes that batch, and either they
+        are all as long or it takes the mask and positions that padding needs."""
+        layout = self._require_cache()
+        same_length = len({s.length for s in sequences}) == 1
+        padding = layout.attention_mask is not None and layout.position_ids is not None
+        return layout.runs_batch(len(sequences)) and (same_length or padding)
+
+    def _batched_step(self, sequences: Sequence[_Sequence], ids: np.ndarray) -> np.ndarray:
+        """Run one new token per sequence (`ids` [batch, 1]) as one decode step; grow each cache;
+        the logits [batch, vocab].
+
+        Each past is padded at its end to the longest (zeros, attention_mask 0 there), so the new
+        token sits at index `longest` for all of them while its position id is the sequence's own
+        length; each sequence's present is its real positions plus the new one."""
+        layout = self._require_cache()
+        for sequence in sequences:
+            self._room(sequence, 1)
+        lengths = [s.length for s in sequences]
+        longest = max(lengths)
+        feeds: dict[str, np.ndarray] = {layout.ids: ids}
+        for pair in layout.pairs:
+            feeds[pair.past] = _pad_stack([s.cache[pair.past] for s in sequences], pair.axis, longest)
+        if layout.attention_mask:
+            mask = np.zeros((len(sequences), longest + 1), dtype=np.int64)
+            for row, length in enumerate(lengths):
+                mask[row, :length] = 1
+            mask[:, longest] = 1
+            feeds[layout.attention_mask] = mask
+        if layout.position_ids:
+            feeds[layout.position_ids] = np.array(lengths, dtype=np.int64)[:, None]
+        outputs = self._execute(self._check_feeds(feeds), "decode")
+        for row, (sequence, length) in enumerate(zip(sequences, lengths)):
+            for pair in layout.pairs:
+                present = np.take(outputs[pair.present][row:row + 1], [*range(length), longest], axis=pair.axis)
+                sequence.cache[pair.past] = present
+            sequence.length = length + 1
+        if self.stats is not None:
+            self.stats.extra["batch"] = len(sequences)
+        return outputs[layout.logits][:, -1]
 
     def trace(self, path: str | os.PathLike[str] | None = None, *, phase: str | None = None) -> dict[str, Any]:
         """The simulated timeline of `phase` (default: the last run's) as Chrome trace / Perfetto
@@ -317,3 +373,16 @@ class Session:
                                         hint="the plan runs the shapes it was compiled for; recompile for others")
             arrays[value.name] = array
         return arrays
+
+
+def _pad_stack(caches: Sequence[np.ndarray], axis: int, length: int) -> np.ndarray:
+    """Batch-1 caches stacked along axis 0, each zero-padded at the end of `axis` to `length`."""
+    first = caches[0]
+    shape = [len(caches), *first.shape[1:]]
+    shape[axis] = length
+    out = np.zeros(shape, dtype=first.dtype)
+    for row, cache in enumerate(caches):
+        index = [slice(None)] * first.ndim
+        index[0], index[axis] = slice(row, row + 1), slice(0, cache.shape[axis])
+        out[tuple(index)] = cache
+    return out
