@@ -205,6 +205,24 @@ class Session:
         sequence = self._slots.get(slot)
         return sequence.length if sequence else 0
 
+    def extend(self, slot: int, ids: Any) -> np.ndarray:
+        """Append several tokens `ids` to sequence `slot` in one step; the logits after each of them
+        [len(ids), vocab] (speculative decoding verifies a draft's tokens this way)."""
+        if slot not in self._slots:
+            raise OptionError(f"slot {slot} holds no sequence", hint="prefill it first")
+        return self._step(self._slots[slot], self._prompt(ids), "prefill", every_position=True)
+
+    def truncate(self, slot: int, length: int) -> None:
+        """Keep only the first `length` tokens of sequence `slot`'s cache (drop rejected drafts)."""
+        sequence = self._slots.get(slot)
+        if sequence is None:
+            raise OptionError(f"slot {slot} holds no sequence", hint="prefill it first")
+        if not 0 < length <= sequence.length:
+            raise OptionError(f"cannot truncate slot {slot} to {length} tokens: it holds {sequence.length}")
+        for pair in self._require_cache().pairs:
+            sequence.cache[pair.past] = np.take(sequence.cache[pair.past], range(length), axis=pair.axis)
+        sequence.length = length
+
     def generate(self, input_ids: Any, max_new_tokens: int, *, eos_token_id: int | Sequence[int] | None = None,
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None) -> np.ndarray:
         """The prompt followed by up to `max_new_tokens` generated ids (1-D), as `transformers`'
@@ -257,7 +275,7 @@ class Session:
             cache[pair.past] = np.zeros(shape, dtype=numpy_dtype(types[pair.past].dtype))
         return cache
 
-    def _step(self, sequence: _Sequence, ids: np.ndarray, phase: str) -> np.ndarray:
+    def _step(self, sequence: _Sequence, ids: np.ndarray, phase: str, *, every_position: bool = False) -> np.ndarray:
         """Run `ids` [1, n] after `sequence`'s cache; grow the cache; the last position's logits."""
         layout = self._require_cache()
         total = self._room(sequence, ids.shape[1])
@@ -270,7 +288,7 @@ class Session:
         for pair in layout.pairs:
             sequence.cache[pair.past] = outputs[pair.present]
         sequence.length = total
-        return outputs[layout.logits][0, -1]
+        return outputs[layout.logits][0] if every_position else outputs[layout.logits][0, -1]
 
     def _room(self, sequence: _Sequence, new: int) -> int:
         """The sequence's length after `new` more tokens, if the plan's context holds them."""
