@@ -122,8 +122,9 @@ def predicted_speedup(acceptance: float, k: int, target_plan: dict[str, Any], dr
     sequence (the accepted drafts and the target's own token) and costs k draft steps plus one
     target step over k+1 tokens per sequence. The steps come from each plan's simulated decode:
     the draft's at its batch, the target's k+1-token step read off its batch sweep at batch
-    B(k+1) (linear between the swept batches). That sweep point also reads the KV cache k+1 times
-    where a verify reads it once: an overestimate of the verify step, so the speedup is a low one.
+    B(k+1) (linear between the swept batches, extrapolated along the last two past the largest
+    that fits). That point also reads the KV cache k+1 times where a verify reads it once: an
+    overestimate of the verify step, so the speedup is a low one.
     """
     batch = int(target_plan["workload"]["batch"])
     step_s = float(target_plan["prediction"]["time_per_token_s"])
@@ -135,10 +136,16 @@ def predicted_speedup(acceptance: float, k: int, target_plan: dict[str, Any], dr
 
 
 def _step_at(plan: dict[str, Any], batch: int) -> float | None:
-    """The decode step at `batch` from the plan's sweep (at its compiled context), interpolated."""
+    """The decode step at `batch` from the plan's sweep (at its compiled context): linear between
+    the swept batches, and past the last one that fits, along the line through the last two."""
     context = plan["workload"]["context"]
-    points = sorted((p["batch"], p["time_per_token_s"]) for p in plan["prediction"].get("sweep", [])
-                    if p.get("fits") and p["context"] == context)
-    if not points or batch > points[-1][0]:
+    swept = {p["batch"]: p["time_per_token_s"] for p in plan["prediction"].get("sweep", [])
+             if p.get("fits") and p["context"] == context}
+    swept[plan["workload"]["batch"]] = plan["prediction"]["time_per_token_s"]  # the compiled point itself
+    points = sorted(swept.items())
+    if batch <= points[-1][0]:
+        return float(np.interp(batch, [b for b, _ in points], [s for _, s in points]))
+    if len(points) < 2:
         return None
-    return float(np.interp(batch, [b for b, _ in points], [s for _, s in points]))
+    (b0, s0), (b1, s1) = points[-2:]
+    return s1 + max(0.0, (s1 - s0) / (b1 - b0)) * (batch - b1)
