@@ -69,12 +69,14 @@ def _parse_part(part: str) -> tuple[str, int, int] | None:
 
 @dataclass
 class RunCounts:
-    """What one run did: instructions by op, bytes moved, peak SRAM per chiplet."""
+    """What one run did: instructions by op, bytes moved, peak SRAM per chiplet, and figures
+    only some backends have (`extra`: the cuda backend's timings under "cuda")."""
 
     instructions: dict[str, int] = field(default_factory=dict)
     bytes_loaded: int = 0
     bytes_sent: int = 0
     peak_sram_bytes: dict[int, int] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -155,9 +157,13 @@ class SimBackend:
     def run(self, feeds: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], RunCounts]:
         """Run every stream to its end on `feeds` (checked arrays, by graph input name); return the
         graph's outputs. Raises `RuntimeFault` for the first rule the plan breaks."""
-        run = _Run(self, dict(feeds))
+        run = self._start_run(dict(feeds))
         run.execute()
         return run.outputs(), run.counts
+
+    def _start_run(self, feeds: dict[str, np.ndarray]) -> _Run:
+        """A run's state; a backend that executes the same instructions elsewhere returns its own."""
+        return _Run(self, feeds)
 
 
 class _Run:
@@ -409,10 +415,11 @@ class _Run:
         tile = self.b.weights.tiles.get(tile_id)
         if tile is None:
             raise self.fault(c, step, "unknown-tile", f"buffer '{ins['bufs'][0]}' holds '{tile_id}', not a weight tile")
+        buf = ins["bufs"][0]
         if kind == "cols" and node.op == "MatMul":
-            out = self._matmul_part(c, step, node, tile_id, start, stop)
+            out = self._matmul_part(c, step, node, buf, tile_id, start, stop)
         elif kind == "rows" and node.op == "Gather":
-            out = self._gather_part(c, step, node, tile_id, start, stop)
+            out = self._gather_part(c, step, node, buf, tile_id, start, stop)
         else:
             raise self.fault(c, step, "bad-part", f"part {part} of a {node.op} node is not something the sim can run")
         self.chiplets[c].parts.setdefault(node.outputs[0].name, {})[part] = out
@@ -435,7 +442,8 @@ class _Run:
         assert value is not None  # a weight node always has its weight input
         return numpy_dtype(value.type.dtype)
 
-    def _matmul_part(self, c: int, step: int, node: Node, tile_id: str, start: int, stop: int) -> np.ndarray:
+    def _matmul_part(self, c: int, step: int, node: Node, buf: str, tile_id: str, start: int,
+                     stop: int) -> np.ndarray:
         tile = self.b.weights.tiles[tile_id]
         (k0, k1), (n0, n1) = tile.rows, tile.cols
         weight = node.inputs[1]
@@ -447,14 +455,21 @@ class _Run:
         if not n0 <= start < stop <= n1:
             raise self.fault(c, step, "bad-part", f"columns [{start}, {stop}) lie outside tile {tile_id}'s "
                              f"[{n0}, {n1})")
-        w_kn = self.b.strip(tile_id, start - n0, stop - n0, self._weight_dtype(node, 1))
         x = self._read(c, step, self._input_name(node, 0))
+        return self._strip_product(c, buf, x, tile_id, start - n0, stop - n0, self._weight_dtype(node, 1))
+
+    def _strip_product(self, c: int, buf: str, x: np.ndarray, tile_id: str, a: int, b: int,
+                       dtype: np.dtype) -> np.ndarray:
+        """x @ columns [a, b) of the tile in buffer `buf`: the kernel of a MatMul column strip, the
+        one a backend with its own memory replaces (the checks around it stay the sim's)."""
+        w_kn = self.b.strip(tile_id, a, b, dtype)
         if x.ndim > 2:  # one 2-D GEMM over all tokens: numpy loops a stacked matmul batch by batch
             rows = x.reshape(-1, x.shape[-1])
             return np.matmul(rows, w_kn).astype(x.dtype, copy=False).reshape(*x.shape[:-1], w_kn.shape[1])
         return np.matmul(x, w_kn).astype(x.dtype, copy=False)  # as the MatMul kernel: numpy's bf16 runs in fp32
 
-    def _gather_part(self, c: int, step: int, node: Node, tile_id: str, start: int, stop: int) -> np.ndarray:
+    def _gather_part(self, c: int, step: int, node: Node, buf: str, tile_id: str, start: int,
+                     stop: int) -> np.ndarray:
         tile = self.b.weights.tiles[tile_id]
         matrix = self.b.weights.tile(tile_id)
         # An embedding tile is stored as its table rows; a tied head's strip as [hidden, rows]: transposed.
@@ -474,8 +489,13 @@ class _Run:
             ids = np.where(ids < 0, ids + vocab, ids)
         inside = (ids >= start) & (ids < stop)
         out = np.zeros(ids.shape + rows.shape[1:], dtype=self._weight_dtype(node, 0))
-        out[inside] = rows[ids[inside] - first]
+        out[inside] = self._table_rows(c, buf, rows, ids[inside] - first)
         return out
+
+    def _table_rows(self, c: int, buf: str, rows: np.ndarray, index: np.ndarray) -> np.ndarray:
+        """`rows[index]`, rows the lookup table held in buffer `buf`: the kernel of a Gather row
+        part, the one a backend with its own memory replaces (the checks around it stay the sim's)."""
+        return rows[index]
 
     def _input_name(self, node: Node, index: int) -> str:
         value = node.inputs[index]
