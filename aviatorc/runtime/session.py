@@ -25,7 +25,8 @@ attention_mask, and each slot gets its own position ids. A batch-1 graph steps s
 `prefill` runs one slot at a time.
 
 Devices: `sim` (`aviatorc.backends.sim`, the instruction streams on the CPU, checking every
-rule of the plan as it runs). `cuda` is not implemented yet.
+rule of the plan as it runs); `cuda` (`aviatorc.backends.cuda`: the same streams with the weight
+reads on a GPU, loads on a copy stream; its copy, compute and overlap figures in `stats.extra["cuda"]`).
 """
 
 from __future__ import annotations
@@ -93,8 +94,6 @@ class Session:
     def __init__(self, source: str | os.PathLike[str] | Artifact | SavesArtifact, device: str = "sim") -> None:
         if device not in DEVICES:
             raise OptionError(f"unknown device '{device}'", hint=f"choose one of {', '.join(DEVICES)}")
-        if device == "cuda":
-            raise NotRunnableError("device 'cuda' is not implemented yet", hint="use device='sim'")
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
         self.artifact = self._open(source)
         if self.artifact.shape_only:
@@ -107,10 +106,11 @@ class Session:
         self.target: Target = load_target(self.artifact.path / "target.toml")
         self.program = self.artifact.programs[RUN_PHASE]
         self.weights = WeightStore(self.artifact, self.graph)
-        from aviatorc.backends.sim import SimBackend
+        from aviatorc.backends import backend_class
 
+        backend = backend_class(device)  # CudaBackend refuses to build without a GPU (NotRunnableError)
         # Every program's backend now: one whose held buffers overflow the SRAM is refused here.
-        self._backends = {phase: SimBackend(program, self.graph, self.weights, sram_bytes=self.target.chiplet.sram_bytes)
+        self._backends = {phase: backend(program, self.graph, self.weights, sram_bytes=self.target.chiplet.sram_bytes)
                           for phase, program in sorted(self.artifact.programs.items())}
         self._backend = self._backends[RUN_PHASE]
         self._predicted: dict[str, float] | None = None
@@ -151,7 +151,7 @@ class Session:
         predicted = self._predictions()
         self.stats = RunStats(phase, wall_s, counts.instructions, counts.bytes_loaded, counts.bytes_sent,
                               counts.peak_sram_bytes, self.target.chiplet.sram_bytes, predicted.get("prefill", 0.0),
-                              predicted.get("decode", 0.0), self.weights.tile_bytes_read)
+                              predicted.get("decode", 0.0), self.weights.tile_bytes_read, dict(counts.extra))
         return outputs
 
     # -- generation ----------------------------------------------------------------------
