@@ -1,5 +1,6 @@
-"""Shared by `quantize` and `sparsify-2to4`: finding linear-layer weights and rewriting them
-to `DequantizeWeight` over packed initializers.
+"""Shared by `quantize` and `sparsify-2to4`: finding linear-layer weights, rewriting them to
+`DequantizeWeight` over packed initializers, and the order both rewrite them in
+(`rewrite_by_stage`: sequential calibration through `aviatorc.quant.sequential`).
 
 A linear weight is a [K, N] float value read as input 1 of MatMul nodes only: either a
 plain initializer, or the output of a `DequantizeWeight` in a float format (what
@@ -11,14 +12,17 @@ integer format) is left alone with a note saying why.
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from aviatorc.passes.manager import Note
+from aviatorc.passes.manager import Note, PassContext
 
 from aviatorc.formats import WeightFormat
 from aviatorc.ir import ArrayData, Graph, Node, ShapeOnly, TensorType, Value, add_value
+from aviatorc.quant.calibration import ActivationStats, check_batches
 from aviatorc.quant.rtn import PackedWeight, dequantize, expand_24, packed_layout, stored_rows, unpack_bits_k
+from aviatorc.quant.sequential import calibrate_sequentially
 
 FLOAT_KINDS = ("fp32", "fp16", "bf16")
 
@@ -215,3 +219,32 @@ def calibration_stages(graph: Graph, weights: list[LinearWeight]) -> list[list[L
     for lw in weights:
         stages.setdefault(stage.get(id(lw), 0), []).append(lw)
     return [stages[s] for s in sorted(stages)]
+
+
+# A pass's rewrite of some weights, given the statistics of their MatMul inputs (empty when uncalibrated).
+WeightRewrite = Callable[[list[LinearWeight], dict[str, ActivationStats]], None]
+
+
+def rewrite_by_stage(graph: Graph, ctx: PassContext, weights: list[LinearWeight], rewrite: WeightRewrite, *,
+                     calibrate: bool, hessian: bool, reference: Graph | None = None, label: str) -> None:
+    """Rewrite `weights` in the order sequential calibration needs, `quantize`'s and `sparsify-2to4`'s.
+
+    With `calibrate`, the weights with data go stage by stage (`calibration_stages`), each stage
+    given the statistics of its MatMul inputs on `ctx.calibration` from the graph with every
+    earlier stage already rewritten (`calibrate_sequentially`; `hessian` and the unrewritten
+    `reference` for the cross term as it takes them). The rest (shape-only weights, or all of
+    them without `calibrate`) are rewritten last, without statistics.
+    """
+    calibrated = [lw for lw in weights if lw.has_data] if calibrate else []
+    stages = calibration_stages(graph, calibrated) if calibrated else []
+    if stages:
+        batches = check_batches(graph, ctx.calibration)
+        ctx.log(f"{label}: sequential calibration of {len(calibrated)} weight(s) in {len(stages)} "
+                f"stage(s) on {len(batches)} batch(es)")
+        inputs = [[mm.input(0).name for lw in stage for mm in lw.matmuls] for stage in stages]
+        run = calibrate_sequentially(graph, batches, inputs, lambda index, stats: rewrite(stages[index], stats),
+                                     hessian=hessian, reference=reference)
+        ctx.log(f"{label}: {run.evaluations} node evaluations per batch for {len(graph.nodes)} nodes"
+                + (f", {run.reference_evaluations} in the unrewritten graph" if reference is not None and hessian else ""))
+    rewrite([lw for lw in weights if lw not in calibrated], {})
+

@@ -12,11 +12,12 @@ What it rewrites:
   4-bit formats when calibration data is given); under 2:4 GPTQ keeps the pattern.
   Calibration is sequential: weights are quantized stage by stage (`calibration_stages`:
   the MatMuls reading one activation form a stage), each stage's Hessians taken from the
-  graph with every earlier stage already quantized. That costs one interpreter run of the
-  calibration batches per stage (about four per transformer layer). GPTQ is given the
-  weight that best reproduces the *unquantized* graph's output from those inputs
-  (`aviatorc.quant.refit.corrected_target`; the unquantized graph is kept and run beside),
-  so each layer also makes up for the error of the layers before it.
+  graph with every earlier stage already quantized. Each stage evaluates only the nodes
+  between the previous stage and its own MatMuls (`aviatorc.quant.sequential`), so the
+  calibration batches go through the graph about once. GPTQ is given the weight that best
+  reproduces the *unquantized* graph's output from those inputs
+  (`aviatorc.quant.refit.corrected_target`; the unquantized graph is kept and run beside,
+  also once), so each layer also makes up for the error of the layers before it.
 - Weights matching `keep_fp16` (fnmatch on the weight or the MatMul name, e.g. `*lm_head*`,
   `*attention.output*`) become `DequantizeWeight` in fp16. Embedding tables read only by
   `Gather` become float16 initializers, with a `Cast` to float32 after the `Gather`.
@@ -41,8 +42,8 @@ import numpy as np
 from aviatorc.passes._weights import (
     LinearWeight,
     add_packed_weight,
-    calibration_stages,
     find_linear_weights,
+    rewrite_by_stage,
     target_formats,
     target_name,
     tile_depth,
@@ -52,7 +53,7 @@ from aviatorc.passes.manager import Note, Pass, PassContext, PassResult, registe
 from aviatorc.errors import OptionError
 from aviatorc.formats import WeightFormat
 from aviatorc.ir import ArrayData, Graph, ShapeOnly, TensorType, add_value
-from aviatorc.quant.calibration import ActivationStats, check_batches, collect_stats, reference_activations
+from aviatorc.quant.calibration import ActivationStats, check_batches
 from aviatorc.quant.gptq import GPTQConfig, gptq_pack
 from aviatorc.quant.refit import corrected_target
 from aviatorc.quant.rtn import pack_weight
@@ -153,24 +154,8 @@ class Quantize(Pass):
             bytes_after += fmt.storage_bytes(lw.k, lw.n)
             counts["weights_kept_fp16"] += 1
 
-        # Sequential calibration: each stage's statistics come from the graph with every
-        # earlier stage already quantized (see `calibration_stages`); one interpreter run of
-        # the calibration batches per stage.
-        needs_stats = bool(method == "gptq" or opts.activations)
-        calibrated = [lw for lw in quantize if lw.has_data] if needs_stats else []
-        stages = calibration_stages(graph, calibrated) if calibrated else []
-        stages.append([lw for lw in quantize if lw not in calibrated])
-        if calibrated:
-            ctx.log(f"quantize: sequential calibration of {len(calibrated)} weight(s) in {len(stages) - 1} "
-                    f"stage(s) on {len(batches)} batch(es)")
-        if reference is not None and calibrated:  # the same for every stage: evaluated once
-            reference = reference_activations(reference, batches,  # type: ignore[assignment]
-                                              [mm.input(0).name for lw in calibrated for mm in lw.matmuls])
-        for stage in stages:
-            stats: dict[str, ActivationStats] = {}
-            if needs_stats and any(lw in calibrated for lw in stage):
-                inputs = [mm.input(0).name for lw in stage for mm in lw.matmuls]
-                stats = collect_stats(graph, batches, inputs, hessian=method == "gptq", reference=reference)
+        def rewrite(stage: list[LinearWeight], stats: dict[str, ActivationStats]) -> None:
+            nonlocal bytes_before, bytes_after
             for lw in stage:
                 fmt = weight_format(opts, lw.fmt.sparsity)
                 bytes_before += lw.fmt.storage_bytes(lw.k, lw.n)
@@ -185,6 +170,11 @@ class Quantize(Pass):
                         if x.name in stats:
                             self._quantize_activation(graph, mm, stats[x.name], opts.activations)
                             counts["activations_quantized"] += 1
+
+        # Sequential calibration: each stage's statistics come from the graph with every
+        # earlier stage already quantized (see `rewrite_by_stage`).
+        rewrite_by_stage(graph, ctx, quantize, rewrite, calibrate=bool(method == "gptq" or opts.activations),
+                         hessian=method == "gptq", reference=reference, label=self.name)
         embed_before, embed_after = embeddings_to_fp16(graph, notes)
         counts["embeddings_fp16"] = len(embed_before)
         changed = any(counts.values())

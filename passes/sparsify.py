@@ -16,7 +16,8 @@ over the calibration activations), `sparsegpt` (pattern by w^2 / [H^-1]_kk^2 wit
 weights updated to compensate, from the calibration Hessian, as SparseGPT does; then the
 kept weights are refit by least squares for that pattern, `aviatorc.quant.refit`).
 Calibration is sequential: weights are pruned stage by stage (`calibration_stages`), each
-stage's statistics taken from the graph with the earlier stages already pruned; SparseGPT
+stage's statistics taken from the graph with the earlier stages already pruned, evaluating
+only the nodes between one stage and the next (`aviatorc.quant.sequential`); SparseGPT
 is given the weight that best reproduces the unpruned graph's output from those inputs
 (`aviatorc.quant.refit.corrected_target`). Weights matching `keep_fp16`
 stay dense.
@@ -30,9 +31,10 @@ from __future__ import annotations
 
 import numpy as np
 from aviatorc.passes._weights import (
+    LinearWeight,
     add_packed_weight,
-    calibration_stages,
     find_linear_weights,
+    rewrite_by_stage,
     target_name,
     tile_depth,
 )
@@ -41,10 +43,10 @@ from aviatorc.passes.manager import Note, Pass, PassContext, PassResult, registe
 from aviatorc.errors import OptionError
 from aviatorc.formats import WeightFormat
 from aviatorc.ir import Graph
-from aviatorc.quant.calibration import check_batches, collect_stats, reference_activations
+from aviatorc.quant.calibration import ActivationStats, check_batches
 from aviatorc.quant.gptq import GPTQConfig, gptq
 from aviatorc.quant.refit import corrected_target, refit_masked
-from aviatorc.quant.rtn import pack_weight
+from aviatorc.quant.rtn import PackedWeight, pack_weight
 from aviatorc.quant.sparse import magnitude_mask, wanda_mask
 
 # SparseGPT: rows in their natural order (the 2:4 groups are consecutive rows).
@@ -87,54 +89,47 @@ class Sparsify2to4(Pass):
             else:
                 todo.append(lw)
         method = opts.sparsity_method
-        batches = check_batches(graph, ctx.calibration)
-        # Sequential calibration, as in `quantize`: each stage's statistics come from the graph
-        # with the earlier stages already pruned (and compensated, for SparseGPT).
-        calibrated = [lw for lw in todo if lw.has_data] if method != "magnitude" else []
-        stages = calibration_stages(graph, calibrated) if calibrated else []
-        stages.append([lw for lw in todo if lw not in calibrated])
-        if calibrated:
-            ctx.log(f"sparsify-2to4: sequential calibration of {len(calibrated)} weight(s) in {len(stages) - 1} "
-                    f"stage(s) on {len(batches)} batch(es)")
-
         # SparseGPT fits each weight to the unpruned graph's output (`corrected_target`): keep it.
-        reference = graph.clone() if method == "sparsegpt" and calibrated else None
-        if reference is not None:  # the same for every stage: evaluated once
-            reference = reference_activations(reference, batches,  # type: ignore[assignment]
-                                              [mm.input(0).name for lw in calibrated for mm in lw.matmuls])
+        reference = graph.clone() if method == "sparsegpt" and any(lw.has_data for lw in todo) else None
         bytes_before = bytes_after = 0
-        for stage in stages:
-            stats = {}
-            if any(lw in calibrated for lw in stage):
-                inputs = [mm.input(0).name for lw in stage for mm in lw.matmuls]
-                stats = collect_stats(graph, batches, inputs, hessian=method == "sparsegpt", reference=reference)
+
+        def rewrite(stage: list[LinearWeight], stats: dict[str, ActivationStats]) -> None:
+            nonlocal bytes_before, bytes_after
             for lw in stage:
                 fmt = WeightFormat(lw.fmt.kind, 0, True, "2:4")
-                packed = None
-                if lw.has_data:
-                    w = lw.dense()
-                    mm_stats = [stats[mm.input(0).name] for mm in lw.matmuls if mm.input(0).name in stats]
-                    if method == "wanda" and mm_stats:
-                        sq = _total([s.sq_norm for s in mm_stats])
-                        mask = wanda_mask(w, sq**0.5)
-                    elif method == "sparsegpt" and mm_stats:
-                        hessian = _total([s.hessian for s in mm_stats])
-                        crosses = [s.cross for s in mm_stats]
-                        if all(c is not None for c in crosses):
-                            w = corrected_target(w, hessian, _total(crosses))
-                        w_swept, _, _, pruned = gptq(w, hessian, None, prune_24=True, config=SPARSEGPT)
-                        assert pruned is not None  # prune_24 always returns the mask
-                        mask = pruned
-                        w = refit_masked(w, hessian, mask, start_KN=w_swept, damp=SPARSEGPT.damp,
-                                         iterations=REFIT_ITERATIONS)
-                    else:
-                        mask = magnitude_mask(w)
-                    packed = pack_weight(w, fmt, mask=mask)
+                packed = self._prune_one(lw, fmt, method, stats) if lw.has_data else None
                 bytes_before += lw.fmt.storage_bytes(lw.k, lw.n)
                 add_packed_weight(graph, lw, fmt, packed)
                 bytes_after += fmt.storage_bytes(lw.k, lw.n)
+
+        # Sequential calibration, as in `quantize`: each stage's statistics come from the graph
+        # with the earlier stages already pruned (and compensated, for SparseGPT).
+        rewrite_by_stage(graph, ctx, todo, rewrite, calibrate=method != "magnitude", hessian=method == "sparsegpt",
+                         reference=reference, label=self.name)
         return PassResult(bool(todo), {"weights_sparsified": len(todo), "method": method,
                                        "weight_bytes_before": bytes_before, "weight_bytes_after": bytes_after}, notes)
+
+    def _prune_one(self, lw: LinearWeight, fmt: WeightFormat, method: str,
+                   stats: dict[str, ActivationStats]) -> PackedWeight:
+        """The 2:4 weight `method` chooses from the statistics of the weight's MatMul inputs
+        (magnitude when there are none)."""
+        w = lw.dense()
+        mm_stats = [stats[mm.input(0).name] for mm in lw.matmuls if mm.input(0).name in stats]
+        if method == "wanda" and mm_stats:
+            sq = _total([s.sq_norm for s in mm_stats])
+            mask = wanda_mask(w, sq**0.5)
+        elif method == "sparsegpt" and mm_stats:
+            hessian = _total([s.hessian for s in mm_stats])
+            crosses = [s.cross for s in mm_stats]
+            if all(c is not None for c in crosses):
+                w = corrected_target(w, hessian, _total(crosses))
+            w_swept, _, _, pruned = gptq(w, hessian, None, prune_24=True, config=SPARSEGPT)
+            assert pruned is not None  # prune_24 always returns the mask
+            mask = pruned
+            w = refit_masked(w, hessian, mask, start_KN=w_swept, damp=SPARSEGPT.damp, iterations=REFIT_ITERATIONS)
+        else:
+            mask = magnitude_mask(w)
+        return pack_weight(w, fmt, mask=mask)
 
 
 def _total(arrays: list[np.ndarray | None]) -> np.ndarray:

@@ -2,18 +2,19 @@
 
 `evaluate(graph, feeds)` runs the nodes in order with the registry's kernels and returns
 the graph outputs. Values are freed after their last use, so a model whose activations do
-not all fit at once can still be evaluated.
+not all fit at once can still be evaluated. `evaluate_nodes(nodes, values)` runs a subset of
+the nodes from values already computed, with the same kernels.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from aviatorc.errors import EvaluationError
-from aviatorc.ir.graph import Graph, Value
+from aviatorc.ir.graph import Graph, Node, Value
 from aviatorc.ir.ops import get_op
 from aviatorc.ir.types import format_shape, numpy_dtype
 
@@ -63,16 +64,7 @@ def evaluate(graph: Graph, feeds: Mapping[str, Any], *, keep: Sequence[str] = ()
         producers = [i for i, node in enumerate(nodes) if any(v.name in keep for v in node.outputs)]
         nodes = nodes[: max(producers) + 1] if producers else []
     for step, node in enumerate(nodes):
-        opdef = get_op(node.op)
-        ins = [_read(env, v, node.name) if v is not None else None for v in node.inputs]
-        attrs = opdef.resolve_attrs(node.attrs, node.name)
-        attrs["_num_outputs"] = len(node.outputs)
-        try:
-            outs = opdef.kernel(ins, attrs)
-        except EvaluationError:
-            raise
-        except Exception as error:  # a kernel failing on these feeds: name the node
-            raise EvaluationError(f"{type(error).__name__}: {error}", node=node.name, op=node.op) from error
+        outs = _run_node(node, [_read(env, v, node.name) if v is not None else None for v in node.inputs])
         for value, array in zip(node.outputs, outs):
             env[id(value)] = np.asarray(array)
             if value.name in keep:
@@ -85,6 +77,52 @@ def evaluate(graph: Graph, feeds: Mapping[str, Any], *, keep: Sequence[str] = ()
     result = {v.name: _read(env, v, "output") for v in graph.outputs}
     result.update(kept)
     return result
+
+
+def evaluate_nodes(nodes: Sequence[Node], values: MutableMapping[Value, np.ndarray], *,
+                   keep: Collection[Value] = ()) -> None:
+    """Run `nodes` (a topologically ordered subset of one graph) on `values`, adding their outputs.
+
+    `values` maps each value computed so far, the graph inputs among them, to its array; an
+    initializer is read from its data. A value these nodes read is dropped from `values` after
+    its last read here unless it is in `keep`: the caller keeps what other nodes still read
+    (sequential calibration evaluates a graph stage by stage from the live values it holds,
+    `aviatorc.quant.sequential`). The kernels are `evaluate`'s, so the arrays are the same.
+    """
+    last_read: dict[Value, int] = {}
+    for step, node in enumerate(nodes):
+        for value in node.inputs:
+            if value is not None and value.data is None:
+                last_read[value] = step
+    for step, node in enumerate(nodes):
+        ins: list[np.ndarray | None] = []
+        for value in node.inputs:
+            if value is None:
+                ins.append(None)
+            elif value in values:
+                ins.append(values[value])
+            elif value.data is not None:
+                ins.append(_read({}, value, node.name))
+            else:
+                raise EvaluationError(f"value '{value.name}' is read by '{node.name}' but was not given or computed")
+        for value, array in zip(node.outputs, _run_node(node, ins)):
+            values[value] = np.asarray(array)
+        for value in node.inputs:
+            if value is not None and last_read.get(value) == step and value not in keep:
+                values.pop(value, None)
+
+
+def _run_node(node: Node, ins: list[np.ndarray | None]) -> Sequence[Any]:
+    """The node's kernel on its input arrays; a kernel's failure becomes an EvaluationError naming the node."""
+    opdef = get_op(node.op)
+    attrs = opdef.resolve_attrs(node.attrs, node.name)
+    attrs["_num_outputs"] = len(node.outputs)
+    try:
+        return opdef.kernel(ins, attrs)
+    except EvaluationError:
+        raise
+    except Exception as error:  # a kernel failing on these feeds: name the node
+        raise EvaluationError(f"{type(error).__name__}: {error}", node=node.name, op=node.op) from error
 
 
 def _read(env: dict[int, np.ndarray], value: Value, where: str) -> np.ndarray:

@@ -1,17 +1,16 @@
 """Calibration: statistics of each MatMul's input activations over the user's batches.
 
-`collect_stats` runs the reference interpreter on each batch, keeping the inputs of the
-MatMuls asked for (`evaluate(graph, feed, keep=...)`), and accumulates per layer:
+`ActivationStats` accumulates, per MatMul input, over the batches:
 - the Hessian H = X^T X (for GPTQ / SparseGPT), X the activations flattened to [T, K];
 - the squared norm of each input channel (Wanda's ||x_k||^2 = diag H, kept separately so it
   exists when Hessians are skipped);
 - min, max and a high percentile of |x| (W8A8 activation ranges): the percentile is
   computed per batch and averaged, which bounds memory on long calibration sets.
-The passes call it once per calibration stage on the partially rewritten graph (sequential
-calibration, `aviatorc.passes._weights.calibration_stages`), so later layers see the inputs
-the already-quantized earlier layers produce. Each stage runs the graph only up to its own
-MatMuls (`evaluate(..., only_kept=True)`); the unrewritten graph's activations, which GPTQ and
-SparseGPT fit to, are the same for every stage and are evaluated once (`reference_activations`).
+The activations come from `aviatorc.quant.sequential.calibrate_sequentially`, which
+evaluates the graph stage by stage (sequential calibration,
+`aviatorc.passes._weights.calibration_stages`), so later layers see the inputs the
+already-rewritten earlier layers produce. `check_batches` turns the user's batches into
+checked feeds.
 """
 
 from __future__ import annotations
@@ -85,46 +84,3 @@ def check_batches(graph: Any, batches: Sequence[Mapping[str, Any]] | None) -> li
             raise OptionError(f"calibration batch {index} does not match the model: {error.message}",
                               hint=error.hint) from None
     return checked
-
-
-def reference_activations(reference: Any, batches: Sequence[Mapping[str, Any]],
-                          names: Sequence[str]) -> list[dict[str, np.ndarray]]:
-    """The named values of the unrewritten graph on each batch, for `collect_stats(reference=)`:
-    evaluated once, however many stages ask."""
-    from aviatorc.ir.interpreter import evaluate
-
-    return [evaluate(reference, feed, keep=tuple(dict.fromkeys(names)), only_kept=True)
-            for feed in check_batches(reference, batches)]
-
-
-def collect_stats(
-    graph: Any,
-    batches: Sequence[Mapping[str, Any]],
-    value_names: Sequence[str],
-    *,
-    hessian: bool = True,
-    percentile: float = 99.99,
-    reference: Any = None,
-) -> dict[str, ActivationStats]:
-    """Statistics of the named values (MatMul inputs) over all batches.
-
-    With `reference` and `hessian`, each statistic also gets the cross term X^T X_ref
-    (`corrected_target`): `reference` is the graph before any rewriting, holding values of the
-    same names, or its activations per batch from `reference_activations`."""
-    from aviatorc.ir.interpreter import evaluate
-
-    names = tuple(dict.fromkeys(value_names))
-    stats: dict[str, ActivationStats] = {}
-    feeds = check_batches(graph, batches)
-    if reference is not None and hessian and not isinstance(reference, list):
-        reference = reference_activations(reference, feeds, names)
-    for index, feed in enumerate(feeds):
-        kept = evaluate(graph, feed, keep=names, only_kept=True)
-        kept_ref = reference[index] if reference is not None and hessian else {}
-        for name in names:
-            x = kept[name] if name in kept else feed[name]  # a graph input feeds the MatMul
-            x_ref = kept_ref.get(name, feed.get(name)) if kept_ref else None
-            if name not in stats:
-                stats[name] = ActivationStats(int(x.shape[-1]))
-            stats[name].add(x, hessian=hessian, percentile=percentile, x_ref=x_ref)
-    return stats

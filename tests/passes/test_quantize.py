@@ -14,6 +14,7 @@ from aviatorc.errors import OptionError
 from aviatorc.formats import WeightFormat
 from aviatorc.ir import evaluate
 from aviatorc.options import CompileOptions
+from tests.quant.stage_spy import watch_driver
 from tests.quant.tiny_models import correlated_inputs, lm_batches, single_linear, tiny_lm
 
 
@@ -167,25 +168,12 @@ def test_calibration_stages_follow_the_data_flow() -> None:
                                                                ["lm_head.weight"]]
 
 
-def test_calibration_is_sequential() -> None:
-    """The second layer's GPTQ Hessian comes from the first layer already quantized."""
-    from aviatorc.quant import calibration
-
-    seen = []
-    original = calibration.collect_stats
-
-    def spy(graph, batches, names, **kw):
-        seen.append([n.op for n in graph.nodes if n.op in ("DequantizeWeight",)])
-        return original(graph, batches, names, **kw)
-
-    import aviatorc.passes.quantize as quantize_pass
-
-    quantize_pass.collect_stats, saved = spy, quantize_pass.collect_stats
-    try:
-        run(tiny_lm(), calibration=lm_batches(), quant="int4")
-    finally:
-        quantize_pass.collect_stats = saved
-    assert [len(ops) for ops in seen] == [0, 1, 2]
+def test_calibration_is_sequential(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second layer's GPTQ Hessian comes from the first layer already quantized: when a
+    stage's statistics reach the pass, every earlier stage has been rewritten."""
+    calls = watch_driver(monkeypatch)
+    run(tiny_lm(), calibration=lm_batches(), quant="int4")
+    assert [seen.dequantized for seen in calls[0].stages] == [0, 1, 2]
 
 
 def test_float16_model_quantized_weights_reach_the_partitioner() -> None:

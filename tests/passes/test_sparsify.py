@@ -15,6 +15,7 @@ from aviatorc.formats import WeightFormat
 from aviatorc.ir import evaluate, get_op
 from aviatorc.options import CompileOptions
 from aviatorc.quant.sparse import check_24
+from tests.quant.stage_spy import watch_driver
 from tests.quant.tiny_models import correlated_inputs, lm_batches, single_linear, tiny_lm
 
 
@@ -115,23 +116,10 @@ def test_bad_options(options, target, message) -> None:
     assert message in str(info.value)
 
 
-def test_sparsegpt_calibration_is_sequential() -> None:
+def test_sparsegpt_calibration_is_sequential(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each stage's statistics come from the graph with the earlier stages pruned, and carry the
     cross term with the unpruned graph."""
-    import aviatorc.passes.sparsify as sparsify_pass
-
-    seen = []
-    original = sparsify_pass.collect_stats
-
-    def spy(graph, batches, names, **kw):
-        seen.append(sum(n.op == "DequantizeWeight" for n in graph.nodes))
-        stats = original(graph, batches, names, **kw)
-        assert all(s.cross is not None for s in stats.values())
-        return stats
-
-    sparsify_pass.collect_stats = spy
-    try:
-        run(tiny_lm(), ["sparsify-2to4"], calibration=lm_batches(), sparsity="2:4", sparsity_method="sparsegpt")
-    finally:
-        sparsify_pass.collect_stats = original
-    assert seen == [0, 1, 2]
+    calls = watch_driver(monkeypatch)
+    run(tiny_lm(), ["sparsify-2to4"], calibration=lm_batches(), sparsity="2:4", sparsity_method="sparsegpt")
+    assert [seen.dequantized for seen in calls[0].stages] == [0, 1, 2]
+    assert all(s.cross is not None for seen in calls[0].stages for s in seen.stats.values())
