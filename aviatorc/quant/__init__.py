@@ -3,7 +3,8 @@
 `rtn` holds the storage layouts (packing, exact bytes) and round-to-nearest quantization;
 `tiles` slices a packed weight into the tiles the plan stores and dequantizes one on its own;
 `gptq` and `awq` the calibrated INT4 methods; `sparse` the 2:4 selection rules;
-`calibration` collects per-MatMul activation statistics by running the interpreter.
+`calibration` the per-MatMul activation statistics; `sequential` the one driver that
+evaluates the graph stage by stage for them while a pass rewrites it (sequential calibration).
 """
 
 from aviatorc.quant.rtn import PackedWeight, dequantize, pack_weight, packed_layout
