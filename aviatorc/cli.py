@@ -161,6 +161,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--inputs", required=True, metavar="FEEDS.npz", help="one array per graph input, by name")
     p.add_argument("--output", metavar="OUT.npz", help="write the outputs here (default: print a summary)")
     p.add_argument("--device", choices=("sim", "cuda"), default="sim")
+    p.add_argument("--world", type=int, default=1, metavar="N", help="ranks, one per card of a multi-card plan "
+                   "(this process is rank 0; the others are spawned; torch.distributed with gloo)")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                   help="seconds a rank may wait for another before the run fails (with --world)")
     p.set_defaults(handler=cmd_run)
 
     p = sub.add_parser("generate", help="generate tokens with a compiled decoder that carries its KV cache")
@@ -321,7 +325,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         from aviatorc.plan.artifact import check_output_path
 
         check_output_path(args.output, directory=False)
-    session = Session(args.artifact, device=args.device)
     path = Path(args.inputs)
     try:  # allow_pickle=False: an .npz of object arrays would unpickle untrusted data
         with np.load(path, allow_pickle=False) as data:
@@ -329,7 +332,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as error:
         raise OptionError(f"{path}: cannot read the inputs: {error}",
                           hint="save them with numpy.savez(path, name=array, ...)") from None
-    outputs = session.run(feeds)
+    with Session(args.artifact, device=args.device, world=args.world, timeout_s=args.timeout) as session:
+        outputs = session.run(feeds)
     if args.output:
         import io
 

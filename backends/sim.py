@@ -49,7 +49,7 @@ from aviatorc.plan.ir import Buffer, Instr, Program, format_instr
 from aviatorc.runtime.errors import RuntimeFault
 from aviatorc.runtime.weights import WeightStore
 
-_PART_LABEL = re.compile(r"(.*)\[((?:cols|rows):\d+:\d+)\]\Z")  # a sent part: "value[cols:A:B]"
+_PART_LABEL = re.compile(r"(.*)\[((?:cols|rows|kv):\d+:\d+)\]\Z")  # a sent part: "value[cols:A:B]"
 _PART = re.compile(r"(cols|rows|kv):(\d+):(\d+)\Z")
 
 
@@ -197,7 +197,7 @@ class _Run:
                     self.pc[c] += 1
                     moved = True
             unfinished = [c for c in unfinished if self.pc[c] < len(streams[c])]
-            if unfinished and not moved:
+            if unfinished and not moved and not self._await_external():
                 raise self._deadlock(unfinished)
         for c, chiplet in self.chiplets.items():
             if chiplet.live:
@@ -206,6 +206,11 @@ class _Run:
                                  f"stream {c} (no free after this load)")
         self.counts.instructions = dict(sorted(self.ops.items()))
         self.counts.peak_sram_bytes = {c: s.peak_bytes for c, s in sorted(self.chiplets.items())}
+
+    def _await_external(self) -> bool:
+        """Wait for something from outside this run (another process's sends); True if it came.
+        Here every stream is in this run, so nothing can: a round without progress is a deadlock."""
+        return False
 
     def _deadlock(self, blocked: list[int]) -> RuntimeFault:
         where = ", ".join(f"stream {c} at step {self.pc[c]} ({format_instr(self.b.streams[c][self.pc[c]])})"

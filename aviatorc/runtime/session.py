@@ -91,9 +91,16 @@ class Session:
     """A compiled plan ready to run. `source`: an artifact path, an `Artifact`, or a
     `CompileResult` (saved to a temporary artifact first: one loading path for all three)."""
 
-    def __init__(self, source: str | os.PathLike[str] | Artifact | SavesArtifact, device: str = "sim") -> None:
+    def __init__(self, source: str | os.PathLike[str] | Artifact | SavesArtifact, device: str = "sim", *,
+                 world: int = 1, timeout_s: float = 60.0) -> None:
         if device not in DEVICES:
             raise OptionError(f"unknown device '{device}'", hint=f"choose one of {', '.join(DEVICES)}")
+        if world < 1:
+            raise OptionError(f"world must be >= 1, not {world}")
+        if world > 1 and device != "sim":
+            raise NotRunnableError(f"multi-card runs (world={world}) on device '{device}' are not implemented yet",
+                                   hint="use device='sim'")
+        self._cluster: Any = None
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
         self.artifact = self._open(source)
         if self.artifact.shape_only:
@@ -110,13 +117,43 @@ class Session:
 
         backend = backend_class(device)  # CudaBackend refuses to build without a GPU (NotRunnableError)
         # Every program's backend now: one whose held buffers overflow the SRAM is refused here.
-        self._backends = {phase: backend(program, self.graph, self.weights, sram_bytes=self.target.chiplet.sram_bytes)
-                          for phase, program in sorted(self.artifact.programs.items())}
+        self._backends: dict[str, Any] = {
+            phase: backend(program, self.graph, self.weights, sram_bytes=self.target.chiplet.sram_bytes)
+            for phase, program in sorted(self.artifact.programs.items())}
+        if world > 1:  # one rank per card: this process drives, the others run their cards' streams
+            from aviatorc.runtime.distributed import Cluster
+
+            self._cluster = Cluster(self.artifact, self.graph, self.target, self.weights, world, timeout_s=timeout_s)
+            self._backends = {phase: self._cluster.backend(phase) for phase in self._backends}
         self._backend = self._backends[RUN_PHASE]
         self._predicted: dict[str, float] | None = None
         self.stats: RunStats | None = None
         self.cache: CacheLayout | None = find_cache(self.graph)
         self._slots: dict[int, _Sequence] = {}
+
+    def close(self) -> None:
+        """Stop the ranks of a multi-card session (a no-op otherwise); the session cannot run after."""
+        if self._cluster is not None:
+            self._cluster.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run_trace(self, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+        """The last multi-card run as measured: a Perfetto process per rank, a track per chiplet, and
+        the messages and bytes per chiplet-to-chiplet edge in its metadata."""
+        from aviatorc.plan.artifact import to_json_bytes, write_file_atomically
+
+        if self._cluster is None or not self._cluster.last:
+            raise OptionError("run_trace needs a multi-card session (world > 1) that has run",
+                              hint="Session(artifact, world=N).run(feeds) first; trace() gives the simulated timeline")
+        trace = self._cluster.trace()
+        if path is not None:
+            write_file_atomically(Path(path), to_json_bytes(trace))
+        return trace
 
     def _open(self, source: str | os.PathLike[str] | Artifact | SavesArtifact) -> Artifact:
         if isinstance(source, Artifact):
