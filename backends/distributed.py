@@ -30,7 +30,7 @@ from aviatorc.backends.sim import SimBackend, _Run
 
 from aviatorc.ir import Graph
 from aviatorc.plan.ir import Instr, Program
-from aviatorc.runtime.errors import RuntimeFault
+from aviatorc.runtime.errors import RankFailed, RuntimeFault
 from aviatorc.runtime.weights import WeightStore
 
 _DTYPES = ("float32", "float16", "float64", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
@@ -105,7 +105,11 @@ class Link:
             return None
         del self._pending[key]
         if pending.error is not None:
-            self.watchdog()  # a peer that died explains a broken receive best
+            # A peer that died explains a broken connection best: give its exit a moment to show.
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline:
+                self.watchdog()
+                time.sleep(0.02)
             raise RuntimeFault(f"receiving from rank {src} failed: {pending.error}", rule="link")
         return pending.array
 
@@ -159,7 +163,7 @@ class RankBackend(SimBackend):
                  link: Link, tag_base: int = 0) -> None:
         super().__init__(program, graph, weights, sram_bytes=sram_bytes)
         self.rank, self.link = rank, link
-        self.streams = {c: s for c, s in self.streams.items() if link.rank_of_chiplet(c) == rank}
+        self.streams = {c: stream for c, stream in sorted(program.streams.items()) if link.rank_of_chiplet(c) == rank}
         cross = sorted(k for k in self.sends if link.rank_of_chiplet(k[1]) != link.rank_of_chiplet(k[2]))
         self.tags = {key: tag_base + 2 * i for i, key in enumerate(cross)}
         self.record = False  # per-instruction wall-clock spans, for the merged trace
@@ -223,6 +227,8 @@ class _RankRun(_Run):
                                  f"{ins['src']} to chiplet {c}")
             try:
                 array = self.b.link.poll(rank_of(ins["src"]), self.b.tags[key])
+            except RankFailed:
+                raise
             except RuntimeFault as error:
                 raise self.fault(c, step, error.rule, error.message) from None
             if array is None:
@@ -246,6 +252,8 @@ class _RankRun(_Run):
                 try:
                     self.b.link.pause(self._waiting_since + self.b.link.timeout_s,
                                       f"'{ins['value']}' from chiplet {ins['src']} (rank {rank_of(ins['src'])})")
+                except RankFailed:
+                    raise
                 except RuntimeFault as error:
                     raise self.fault(c, step, error.rule, error.message) from None
                 return True

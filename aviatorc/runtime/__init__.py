@@ -4,7 +4,7 @@ See `aviatorc.runtime.session` and docs/runtime.md. The backends live in `backen
 (imported as `aviatorc.backends`).
 """
 
-from aviatorc.runtime.errors import NotRunnableError, RuntimeFault, RuntimeInputError
+from aviatorc.runtime.errors import NotRunnableError, RankFailed, RuntimeFault, RuntimeInputError
 from aviatorc.runtime.session import RunStats, Session
 
-__all__ = ["NotRunnableError", "RunStats", "RuntimeFault", "RuntimeInputError", "Session"]
+__all__ = ["NotRunnableError", "RankFailed", "RunStats", "RuntimeFault", "RuntimeInputError", "Session"]

@@ -43,7 +43,7 @@ from aviatorc.errors import OptionError
 from aviatorc.ir import Graph
 from aviatorc.plan.artifact import Artifact
 from aviatorc.plan.ir import INSTRUCTIONS, Program
-from aviatorc.runtime.errors import NotRunnableError, RuntimeFault
+from aviatorc.runtime.errors import NotRunnableError, RankFailed, RuntimeFault
 from aviatorc.runtime.weights import WeightStore
 from aviatorc.target import Target
 
@@ -52,15 +52,6 @@ _REPORT, _FEEDS, _OUTPUTS = CONTROL + 2, CONTROL + (1 << 20), CONTROL + (2 << 20
 ERROR_LINE = "aviatorc-rank-error: "  # a failing rank's last stderr line, then JSON
 _OPS = sorted(INSTRUCTIONS)
 RUN, STOP = 1, 0
-
-
-class RankFailed(RuntimeFault):
-    """Another rank failed (raised, died or went silent); `rank` names it."""
-
-    def __init__(self, message: str, *, rank: int, rule: str = "rank-failed", stream: int | None = None,
-                 step: int | None = None) -> None:
-        self.rank = rank
-        super().__init__(f"rank {rank}: {message}", rule=rule, stream=stream, step=step, rank=rank)
 
 
 def _free_port() -> int:
@@ -184,7 +175,8 @@ class Cluster:
         if backend != "gloo":
             raise NotRunnableError(f"the '{backend}' backend is not implemented for multi-card runs yet",
                                    hint="backend='gloo' (the CPU; messages between processes on this machine)")
-        self.world, self.timeout_s, self.failed = world, timeout_s, None
+        self.world, self.timeout_s = world, timeout_s
+        self.failed: str | None = None
         self.children: list[subprocess.Popen[bytes]] = []
         self.logs: list[Any] = []
         self.attached = dist.is_initialized()

@@ -37,3 +37,13 @@ class RuntimeFault(AviatorError):
         self.step = step
         where = f"stream {stream} step {step}: " if stream is not None and step is not None else ""
         super().__init__(where + message, rule=rule, stream=stream, step=step, **fields)
+
+
+class RankFailed(RuntimeFault):
+    """Another rank of a multi-card run failed (raised, died or went silent): `rank` names it, and
+    `rule`, `stream` and `step` say what it reported, when it could."""
+
+    def __init__(self, message: str, *, rank: int, rule: str = "rank-failed", stream: int | None = None,
+                 step: int | None = None) -> None:
+        self.rank = rank
+        super().__init__(f"rank {rank}: {message}", rule=rule, stream=stream, step=step, rank=rank)
