@@ -164,17 +164,18 @@ class Cluster:
 
     def __init__(self, artifact: Artifact, graph: Graph, target: Target, weights: WeightStore, world: int, *,
                  timeout_s: float = 60.0, backend: str = "auto") -> None:
-        import torch
         import torch.distributed as dist
 
         if world != target.cards:
             raise OptionError(f"world={world} but the plan's target has {target.cards} card(s): one rank runs each card",
                               file=str(artifact.path), hint=f"use world={target.cards}")
+        # The sim device computes on the host, so its messages are host arrays: gloo carries them.
+        # NCCL belongs to a multi-card cuda device, which does not exist yet.
         if backend == "auto":
-            backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
+            backend = "gloo"
         if backend != "gloo":
             raise NotRunnableError(f"the '{backend}' backend is not implemented for multi-card runs yet",
-                                   hint="backend='gloo' (the CPU; messages between processes on this machine)")
+                                   hint="backend='gloo' (the sim device's arrays live on the host)")
         self.world, self.timeout_s = world, timeout_s
         self.failed: str | None = None
         self.children: list[subprocess.Popen[bytes]] = []
