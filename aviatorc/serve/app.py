@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -35,6 +36,7 @@ from aviatorc.serve.protocol import ChatRequest, CompletionRequest, SamplingFiel
 from aviatorc.serve.tenants import ServedModel
 
 _STATUS = {"timeout": 504, "error": 500, "cancelled": 499}
+log = logging.getLogger("aviatorc.serve")
 
 
 class HTTPError(Exception):
@@ -71,6 +73,12 @@ def create_app(models: dict[str, ServedModel], registry: Registry) -> FastAPI:
     async def _user_error(request: Request, error: AviatorError) -> JSONResponse:
         return JSONResponse(error_body(400, str(error), "invalid_request_error"), status_code=400)
 
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, error: Exception) -> JSONResponse:
+        log.exception("request failed")
+        return JSONResponse(error_body(500, f"internal error: {type(error).__name__}: {error}", "server_error"),
+                            status_code=500)
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in error.errors())
@@ -106,7 +114,10 @@ def create_app(models: dict[str, ServedModel], registry: Registry) -> FastAPI:
             raise HTTPError(400, f"model '{model.name}' has no tokenizer with a chat template: chat needs one "
                                  "(start the server with --tokenizer), or use /v1/completions with token ids")
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        text = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        try:
+            text = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except Exception as error:  # noqa: BLE001 - templates raise on conversations they refuse (roles out of turn)
+            raise HTTPError(400, f"the chat template refused these messages: {error}") from None
         if body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
         return await _serve(model, body, [model.tokenizer.encode(text, add_special_tokens=False)], raw, chat=True)
@@ -170,12 +181,14 @@ async def _serve(model: ServedModel, body: SamplingFields, prompts: list[list[in
     try:
         for request in requests:
             submitted.append(model.engine.submit(request))
-    except QueueFull as error:
-        for request in submitted:
+    except Exception as error:
+        for request in submitted:  # all of the request's prompts or none
             request.cancel()
         model.engine.wake()
-        model.metrics.rejected()
-        raise HTTPError(429, str(error), "rate_limit_error") from None
+        if isinstance(error, QueueFull):
+            model.metrics.rejected()
+            raise HTTPError(429, str(error), "rate_limit_error") from None
+        raise
     shape = _Shape(model, body, chat)
     if body.stream:
         return EventSourceResponse(_stream(model, shape, submitted), ping=15)
@@ -213,9 +226,9 @@ class _Shape:
         return body
 
     @staticmethod
-    def usage(requests: list[GenerationRequest]) -> dict[str, int]:
+    def usage(requests: list[GenerationRequest], texts: list[TextStream]) -> dict[str, int]:
         prompt = sum(len(r.prompt) for r in requests)
-        completion = sum(len(r.generated) for r in requests)
+        completion = sum(len(t.kept(r.generated)) for r, t in zip(requests, texts))
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -238,9 +251,9 @@ async def _complete(model: ServedModel, shape: _Shape, requests: list[Generation
         if end.reason in _STATUS:
             raise HTTPError(_STATUS[end.reason], end.message or end.reason,
                             "timeout_error" if end.reason == "timeout" else "server_error")
-    choices = [shape.choice(i, t.text, _finish_reason(e, t), r.generated, chunk=False, prompt=r.prompt)
+    choices = [shape.choice(i, t.text, _finish_reason(e, t), t.kept(r.generated), chunk=False, prompt=r.prompt)
                for i, (r, t, e) in enumerate(zip(requests, texts, ends))]
-    return {**shape.envelope(choices, chunk=False), "usage": shape.usage(requests)}
+    return {**shape.envelope(choices, chunk=False), "usage": shape.usage(requests, texts)}
 
 
 async def _drain(model: ServedModel, request: GenerationRequest, text: TextStream) -> Finished:
@@ -283,8 +296,8 @@ async def _stream(model: ServedModel, shape: _Shape, requests: list[GenerationRe
                 if text.stopped:
                     request.stop()
                     model.engine.wake()
-                ids = request.generated[sent[index]:]
-                sent[index] = len(request.generated)
+                ids = text.kept(request.generated)[sent[index]:]
+                sent[index] += len(ids)
                 yield json.dumps(shape.envelope([shape.choice(index, delta, None, ids, chunk=True)], chunk=True))
                 continue
             open_choices -= 1
@@ -296,7 +309,7 @@ async def _stream(model: ServedModel, shape: _Shape, requests: list[GenerationRe
             yield json.dumps(shape.envelope([shape.choice(index, delta, _finish_reason(event, text), [], chunk=True)],
                                             chunk=True))
         if shape.body.include_usage:
-            yield json.dumps({**shape.envelope([], chunk=True), "usage": shape.usage(requests)})
+            yield json.dumps({**shape.envelope([], chunk=True), "usage": shape.usage(requests, texts)})
         yield "[DONE]"
     finally:
         for request in requests:

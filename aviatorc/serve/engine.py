@@ -222,7 +222,8 @@ class Engine:
         """One turn: admit and prefill, then one decode step for everything running."""
         admitted = self._admit()
         for request in admitted:
-            await self._prefill(request)
+            if request.finished is None:  # one admitted beside it may have ended meanwhile
+                await self._prefill(request)
             self._drop_ended()
         batch = [slot for slot, request in sorted(self.running.items()) if request not in admitted]
         if batch:
@@ -239,14 +240,18 @@ class Engine:
 
     async def _prefill(self, request: GenerationRequest) -> None:
         slot = request._slot
-        assert slot is not None
-        ids = np.array(request.prompt + request.generated, dtype=np.int64)
+        if slot is None:
+            raise RuntimeError(f"request {request.arrival} was admitted without a slot")
         try:
+            ids = np.array(request.prompt + request.generated, dtype=np.int64)
             logits = await asyncio.to_thread(self.session.prefill, slot, ids)
             if self.speculator is not None:
                 await asyncio.to_thread(self.speculator.prefill, slot, ids)
-        except AviatorError as error:
-            self._finish(request, Finished("error", str(error)))
+        except Exception as error:  # noqa: BLE001 - this request's own failure ends it alone
+            if not isinstance(error, AviatorError):
+                log.exception("prefill of request %d failed", request.arrival)
+            self._finish(request, Finished("error", str(error) if isinstance(error, AviatorError)
+                                           else f"internal error: {type(error).__name__}: {error}"))
             return
         self._accept(request, [self._sample(request, logits)])
 
@@ -278,12 +283,7 @@ class Engine:
         if request.finished is not None:
             return
         request.finished = end
-        if request._slot is not None:
-            self.running.pop(request._slot, None)
-            self.session.free(request._slot)
-            if self.speculator is not None:
-                self.speculator.free(request._slot)
-            request._slot = None
+        self._release(request)
         if request in self.waiting:
             self.waiting.remove(request)
         request._queue.put_nowait(end)
@@ -323,16 +323,21 @@ class Engine:
         victim = max(self.running.values(), key=self._order)
         if self._order(request) >= self._order(victim) or request.priority >= victim.priority:
             return False
-        assert victim._slot is not None
-        self.running.pop(victim._slot)
-        self.session.free(victim._slot)
-        if self.speculator is not None:
-            self.speculator.free(victim._slot)
-        victim._slot = None
+        self._release(victim)
         victim.preemptions += 1
         self.waiting.append(victim)
         self.waiting.sort(key=self._order)
         return True
+
+    def _release(self, request: GenerationRequest) -> None:
+        """Free the request's KV slot (in the session, and the draft's) if it holds one."""
+        if request._slot is None:
+            return
+        self.running.pop(request._slot, None)
+        self.session.free(request._slot)
+        if self.speculator is not None:
+            self.speculator.free(request._slot)
+        request._slot = None
 
     def _observe(self) -> None:
         self.observer.queued(len(self.waiting), len(self.running), self.slots)

@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from aviatorc.errors import OptionError
 
+MAX_STOP_CHARS = 256
+
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
@@ -28,9 +30,9 @@ class SamplingFields(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0)  # OpenAI's default
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] = []
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    stop: str | list[str] | None = Field(default=None, max_length=4)  # OpenAI's limit: up to 4
+    stop_token_ids: list[int] = Field(default=[], max_length=64)
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -56,7 +58,10 @@ class SamplingFields(BaseModel):
 
     @property
     def stops(self) -> list[str]:
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise OptionError(f"a stop string is longer than {MAX_STOP_CHARS} characters")
+        return stops
 
     @property
     def include_usage(self) -> bool:
@@ -102,6 +107,12 @@ class TextStream:
         self.sent = 0  # characters already handed out
         self.stopped = False
         self.text = ""
+        self.tokens: int | None = None  # at a stop string: the tokens that made the text up to it
+
+    def kept(self, ids: list[int]) -> list[int]:
+        """The ids a response reports: none past the token that completed a stop string (the
+        engine may have made more before it heard of the stop)."""
+        return ids if self.tokens is None else ids[:self.tokens]
 
     def push(self, ids: list[int], *, final: bool = False) -> str:
         """The new text after `ids` (the request's tokens so far); sets `stopped` at a stop string."""
@@ -112,6 +123,7 @@ class TextStream:
             at = text.find(stop)
             if at != -1:
                 text, self.stopped, final = text[:at], True, True
+                self.tokens = len(ids)
         self.text = text
         ready = len(text)
         if not final:

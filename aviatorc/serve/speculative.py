@@ -5,8 +5,9 @@
 
 Each engine step, for every running sequence sampled greedily (temperature 0):
 1. the draft decodes k tokens after the sequence's last one (batched across the sequences);
-2. the target runs [last, d1 .. dk] in one step (`Session.extend`) and takes its own greedy token
-   at every position: t0 .. tk;
+2. the target runs [last, d1 .. dk] in one step per sequence (`Session.extend`; on the plan's
+   hardware all sequences' verification is one step, which is what `predicted_speedup` models)
+   and takes its own greedy token at every position: t0 .. tk;
 3. the drafts agree with the target up to the first i with d(i+1) != t(i): the sequence gets
    d1 .. di and then t(i) (the target's token where they differ, or t(k) when all agree);
 4. both caches are cut back to the tokens accepted (`Session.truncate`).
@@ -47,6 +48,10 @@ class Speculator:
         if draft.context < target.context:
             raise OptionError(f"the draft's context ({draft.context}) is shorter than the target's ({target.context})",
                               file=str(draft.artifact.path), hint=f"compile the draft with --context {target.context}")
+        if vocabulary(draft) != vocabulary(target):
+            raise OptionError(f"the draft's vocabulary ({vocabulary(draft)} tokens) is not the target's "
+                              f"({vocabulary(target)})", file=str(draft.artifact.path),
+                              hint="a draft must share the target's tokenizer")
         self.draft, self.target, self.k, self.metrics = draft, target, k, metrics
         self.proposed = self.accepted = 0
 
@@ -113,6 +118,12 @@ class Speculator:
         if catch_up:
             self.draft.decode(catch_up, [drafts[slot][-1] for slot in catch_up])
         return out
+
+
+def vocabulary(session: Session) -> int | str | None:
+    """The width of a decoder's logits."""
+    name = session.cache.logits if session.cache else None
+    return next((v.type.shape[-1] for v in session.graph.outputs if v.name == name), None)
 
 
 def predicted_speedup(acceptance: float, k: int, target_plan: dict[str, Any], draft_plan: dict[str, Any]) -> float:

@@ -59,6 +59,7 @@ def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Regist
         raise OptionError("no artifact to serve", hint="aviatorc serve ARTIFACT [ARTIFACT...]")
     models: dict[str, ServedModel] = {}
     targets: dict[str, str] = {}
+    drafts_chiplets: frozenset[int] = frozenset()
     for index, spec in enumerate(specs):
         session = Session(spec.artifact)
         if session.cache is None:
@@ -82,13 +83,26 @@ def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Regist
         metrics = registry.model(name)
         speculator = None
         if options.draft is not None and index == 0:
-            speculator = Speculator(Session(options.draft), session, options.num_speculative_tokens, metrics)
+            draft = Session(options.draft)
+            if draft.artifact.plan["target"]["name"] != target:
+                raise OptionError(f"the draft was compiled for target '{draft.artifact.plan['target']['name']}' but "
+                                  f"'{name}' for '{target}'", file=options.draft, hint="compile both for one target")
+            speculator = Speculator(draft, session, options.num_speculative_tokens, metrics)
+            drafts_chiplets = frozenset(int(c) for c in draft.artifact.plan["chiplets"])
         engine = Engine(session, max_num_seqs=options.max_num_seqs, policy=options.policy, max_queue=options.max_queue,
                         request_timeout_s=options.request_timeout_s, observer=metrics, speculator=speculator)
         tokenizer = load_tokenizer(spec.tokenizer) if spec.tokenizer else None
         created = int(Path(spec.artifact).stat().st_mtime)
         models[name] = ServedModel(name, session, tokenizer, engine, metrics, chiplets, created)
         targets[name] = target
+    if options.draft is not None:  # the draft shares its target's chiplets (they take turns), no one else's
+        first = next(iter(models))
+        for other in list(models.values())[1:]:
+            shared = sorted(drafts_chiplets & other.chiplets)
+            if shared:
+                raise OptionError(f"the draft of '{first}' and '{other.name}' both use chiplets {_ranges(shared)}: "
+                                  "tenants must not share SRAM", file=options.draft,
+                                  hint="compile the draft onto its target's chiplets with --chiplets")
     return models
 
 

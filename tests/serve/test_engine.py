@@ -152,3 +152,12 @@ def test_a_prompt_the_context_cannot_hold_is_refused(session):
     engine = Engine(session)
     with pytest.raises(Exception, match=f"context is {CONTEXT}"):
         engine.submit(GenerationRequest(prompt=list(range(CONTEXT)), max_tokens=1))
+
+
+def test_a_request_ending_in_the_turn_it_is_admitted_leaves_its_neighbours_alone(session):
+    """B times out while A prefills in the same turn: B ends as a timeout, A as if alone."""
+    a = GenerationRequest(prompt=[5, 6, 7], max_tokens=6)
+    b = GenerationRequest(prompt=[8, 9], max_tokens=6, timeout_s=1e-6)
+    asyncio.run(serve(Engine(session), [a, b]))
+    assert b.finished is not None and b.finished.reason == "timeout"
+    assert a.finished == Finished("length") and a.generated == alone(session, [5, 6, 7], 6)

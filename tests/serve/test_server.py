@@ -166,6 +166,38 @@ def test_errors_use_the_openai_body(server, client):
     assert response.status_code == 504 and "timed out" in response.json()["error"]["message"]
 
 
+def test_a_stop_string_ends_the_text_and_the_counted_tokens_there(client, session, tokenizer_dir):
+    tok = load_tokenizer(tokenizer_dir)
+    prompt = "w40 w41 w42"
+    free = greedy(session, tok.encode(prompt), 8, eos=None)
+    stop_at = next(i for i in range(1, 8) if free[i] not in free[:i])  # a word that first appears at i
+    stop = tok.decode([free[stop_at]])
+    out = client.completions.create(model="llama", prompt=prompt, max_tokens=8, temperature=0, stop=[stop],
+                                    extra_body={"ignore_eos": True, "return_token_ids": True})
+    choice = out.choices[0]
+    assert choice.finish_reason == "stop"
+    assert choice.model_extra["token_ids"] == free[:stop_at + 1]  # nothing the engine made after the stop
+    assert out.usage.completion_tokens == stop_at + 1
+    assert choice.text == tok.decode(free[:stop_at], skip_special_tokens=True) + " "
+
+
+def test_a_bad_prompt_among_several_refuses_them_all(server):
+    before = metric(server, "aviatorc_requests_total", outcome="cancelled")
+    body = {"model": "llama", "prompt": [[5, 6], [7] * CONTEXT], "max_tokens": 50, "ignore_eos": True}
+    response = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    assert response.status_code == 400 and "context" in response.json()["error"]["message"]
+    deadline = time.monotonic() + 10
+    while metric(server, "aviatorc_num_requests_running") > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric(server, "aviatorc_num_requests_running") == 0
+    assert metric(server, "aviatorc_requests_total", outcome="cancelled") - before == 1  # the first, withdrawn
+
+
+def test_a_negative_seed_is_a_bad_request(server):
+    response = httpx.post(server.url + "/v1/completions", json={"model": "llama", "prompt": [5], "seed": -1})
+    assert response.status_code == 400 and "seed" in response.json()["error"]["message"]
+
+
 def test_a_full_queue_answers_429_and_a_disconnect_frees_the_slot(server):
     """8 long streams opened at once: 4 hold the slots, 4 wait (--max-queue 4), so the next request
     gets 429. (A stream of 500 tokens takes seconds here; opening 8 takes milliseconds.) Then the
