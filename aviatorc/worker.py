@@ -14,7 +14,6 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from datetime import timedelta
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -26,17 +25,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rank", type=int, help="(spawned by a Session) this rank")
     parser.add_argument("--world", type=int, help="(spawned by a Session) the number of ranks")
     parser.add_argument("--init", help="(spawned by a Session) the group's init method")
+    parser.add_argument("--parent", type=int, help="(spawned by a Session) the driver's pid: exit when it is gone")
     args = parser.parse_args(argv)
     from aviatorc.runtime.distributed import serve_rank
 
     if args.rank is not None:  # spawned by a Session's Cluster
-        serve_rank(args.artifact, args.rank, args.world, init=args.init, timeout_s=args.timeout)
+        serve_rank(args.artifact, args.rank, args.world, init=args.init, timeout_s=args.timeout, parent=args.parent)
         return 0
     if "RANK" not in os.environ:
         parser.error("run under torchrun (RANK and WORLD_SIZE set), or use `aviatorc run --world N`")
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
+    from aviatorc.runtime.distributed import GROUP_TIMEOUT
+
+    dist.init_process_group("gloo", timeout=GROUP_TIMEOUT)
     rank, world = dist.get_rank(), dist.get_world_size()
     if rank != 0:
         serve_rank(args.artifact, rank, world, init=None, timeout_s=args.timeout)

@@ -178,19 +178,6 @@ class RankBackend(SimBackend):
         self.link.flush()
         return run
 
-    def inputs_needed(self) -> list[str]:
-        """The graph inputs this rank's streams read (what the driver feeds it)."""
-        names = {v.name for v in self.graph.inputs}
-        needed: set[str] = set()
-        for stream in self.streams.values():
-            for ins in stream:
-                if ins.op == "compute":
-                    node = self.nodes[ins["node"]]
-                    needed |= {v.name for v in node.inputs if v is not None and v.name in names}
-                elif ins.op == "send" and ins["value"] in names:
-                    needed.add(ins["value"])
-        return sorted(needed)
-
 
 class _RankRun(_Run):
     b: RankBackend

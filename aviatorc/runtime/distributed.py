@@ -48,6 +48,7 @@ from aviatorc.runtime.weights import WeightStore
 from aviatorc.target import Target
 
 CONTROL = 1 << 28
+GROUP_TIMEOUT = timedelta(days=7)  # gloo's own limit on a wait; ours are `timeout_s`, polled
 _REPORT, _FEEDS, _OUTPUTS = CONTROL + 2, CONTROL + (1 << 20), CONTROL + (2 << 20)
 ERROR_LINE = "aviatorc-rank-error: "  # a failing rank's last stderr line, then JSON
 _OPS = sorted(INSTRUCTIONS)
@@ -178,32 +179,63 @@ class Cluster:
                                    hint="backend='gloo' (the sim device's arrays live on the host)")
         self.world, self.timeout_s = world, timeout_s
         self.failed: str | None = None
+        self.closed = False
         self.children: list[subprocess.Popen[bytes]] = []
         self.logs: list[Any] = []
-        self.attached = dist.is_initialized()
+        # Attach only to the group torchrun made for this process; any other open group belongs to
+        # another multi-card session here, whose ranks serve another plan.
+        self.attached = dist.is_initialized() and "TORCHELASTIC_RUN_ID" in os.environ
+        if dist.is_initialized() and not self.attached:
+            raise OptionError("another multi-card session is open in this process", hint="close() it first")
         if self.attached:
             if dist.get_world_size() != world or dist.get_rank() != 0:
                 raise OptionError(f"torch.distributed runs {dist.get_world_size()} ranks (this is rank "
                                   f"{dist.get_rank()}), not {world} with this one as rank 0")
-        else:
-            init = f"tcp://127.0.0.1:{_free_port()}"
-            for r in range(1, world):
-                log = tempfile.TemporaryFile()
-                self.logs.append(log)
-                self.children.append(subprocess.Popen(
-                    [sys.executable, "-m", "aviatorc.worker", str(artifact.path), "--rank", str(r), "--world", str(world),
-                     "--init", init, "--timeout", str(timeout_s)], stdout=subprocess.DEVNULL, stderr=log))
-            self._finalizer = weakref.finalize(self, _kill, list(self.children))
-            try:
-                dist.init_process_group("gloo", init_method=init, rank=0, world_size=world,
-                                        timeout=timedelta(seconds=timeout_s))
-            except Exception as error:  # noqa: BLE001 - a rank that never joined: say which and why
-                self._teardown()
-                raise RuntimeFault(f"the ranks did not join within {timeout_s:g} s ({type(error).__name__}: "
-                                   f"{error})", rule="rank-failed") from None
+        self._finalizer = weakref.finalize(self, _stop, self.children, not self.attached)
+        if not self.attached:
+            self._spawn(artifact.path)
         self.rank = _Rank(artifact, graph, target, weights, 0, world, timeout_s, self._watchdog)
         self.last: list[RankReport] = []
         self.last_phase = self.rank.phases[0]
+
+    def _spawn(self, path: Path) -> None:
+        """Start ranks 1.. and join them in a group; a rank that exits before joining fails it at once."""
+        import threading
+
+        import torch.distributed as dist
+
+        init = f"tcp://127.0.0.1:{_free_port()}"
+        for r in range(1, self.world):
+            log = tempfile.TemporaryFile()
+            self.logs.append(log)
+            self.children.append(subprocess.Popen(
+                [sys.executable, "-m", "aviatorc.worker", str(path), "--rank", str(r), "--world", str(self.world),
+                 "--init", init, "--timeout", str(self.timeout_s), "--parent", str(os.getpid())],
+                stdout=subprocess.DEVNULL, stderr=log))
+        joined: list[BaseException | None] = []
+
+        def join() -> None:
+            try:  # the group's own timeout is long: waits are timed here, so an idle session stays up
+                dist.init_process_group("gloo", init_method=init, rank=0, world_size=self.world,
+                                        timeout=GROUP_TIMEOUT)
+                joined.append(None)
+            except BaseException as error:  # noqa: BLE001 - reported below
+                joined.append(error)
+
+        thread = threading.Thread(target=join, daemon=True, name="join ranks")
+        thread.start()
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            while not joined:
+                self._watchdog()
+                if time.monotonic() > deadline:
+                    raise RuntimeFault(f"the ranks did not join within {self.timeout_s:g} s", rule="rank-failed")
+                thread.join(0.02)
+            if joined[0] is not None:
+                raise RuntimeFault(f"the ranks did not join: {joined[0]}", rule="rank-failed")
+        except BaseException:
+            self._teardown()
+            raise
 
     def backend(self, phase: str) -> DriverBackend:
         return DriverBackend(self, phase)
@@ -229,9 +261,9 @@ class Cluster:
     def run(self, phase: str, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Any]:
         from aviatorc.backends.sim import RunCounts
 
-        if self.failed is not None:
-            raise NotRunnableError(f"this multi-card session stopped after a fault ({self.failed})",
-                                   hint="open a new Session")
+        if self.failed is not None or self.closed:
+            raise NotRunnableError(f"this multi-card session stopped after a fault ({self.failed})" if self.failed
+                                   else "this multi-card session is closed", hint="open a new Session")
         try:
             link, index = self.rank.link, self.rank.phases.index(phase)
             for r in range(1, self.world):
@@ -243,10 +275,12 @@ class Cluster:
                                for r in range(1, self.world)]
             outputs = self._outputs(run)
             link.flush()
-        except RuntimeFault as error:
-            self.failed = str(error)
+        except BaseException as error:  # a fault, a broken link, Ctrl-C: the ranks' state is unknown now
+            self.failed = str(error) or type(error).__name__
             self._teardown()
-            raise
+            if isinstance(error, RuntimeFault) or not isinstance(error, Exception):
+                raise
+            raise RuntimeFault(f"the multi-card run failed: {type(error).__name__}: {error}", rule="link") from error
         self.last, self.last_phase = reports, phase
         counts = RunCounts(instructions=dict(sorted(sum((r.instructions for r in reports), Counter()).items())),
                            bytes_loaded=sum(r.bytes_loaded for r in reports),
@@ -301,35 +335,41 @@ class Cluster:
         return {"traceEvents": events, "displayTimeUnit": "ns", "metadata": {"edges": edges, "world": self.world}}
 
     def close(self) -> None:
-        if self.failed is None:
+        """Stop the ranks (a no-op the second time)."""
+        if self.closed:
+            return
+        graceful = self.failed is None
+        if graceful:
             try:
                 for r in range(1, self.world):
                     self.rank.link.send(np.array([STOP, 0], dtype=np.int64), r, CONTROL)
                 self.rank.link.flush()
-            except RuntimeFault:
-                pass
-        self._teardown(graceful=self.failed is None)
+            except Exception:  # noqa: BLE001 - a rank already gone: stopping it is moot
+                graceful = False
+        self._teardown(graceful=graceful)
 
     def _teardown(self, graceful: bool = False) -> None:
-        import torch.distributed as dist
-
-        for child in self.children:
-            if graceful:
-                try:
-                    child.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    pass
-            if child.poll() is None:
-                child.kill()
-            child.wait()
-        if not self.attached and dist.is_initialized():
-            dist.destroy_process_group()
+        self.closed = True
+        self._finalizer.detach()
+        _stop(self.children, not self.attached, grace_s=10.0 if graceful else 0.0)
 
 
-def _kill(children: list[subprocess.Popen[bytes]]) -> None:
+def _stop(children: list[subprocess.Popen[bytes]], owns_group: bool, grace_s: float = 0.0) -> None:
+    """End the spawned ranks (after `grace_s` to exit by themselves), reap them, and drop the group
+    this process made. Also the finalizer of a cluster dropped without `close()`."""
+    import torch.distributed as dist
+
     for child in children:
+        if grace_s:
+            try:
+                child.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
         if child.poll() is None:
             child.kill()
+        child.wait()
+    if owns_group and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 class DriverBackend:
@@ -345,21 +385,21 @@ class DriverBackend:
 # -- ranks 1..N-1 ------------------------------------------------------------------------------
 
 
-def serve_rank(path: str | Path, rank: int, world: int, *, init: str | None, timeout_s: float) -> None:
+def serve_rank(path: str | Path, rank: int, world: int, *, init: str | None, timeout_s: float,
+               parent: int | None = None) -> None:
     """Run rank `rank` until rank 0 says stop: each command, a run of one phase on the fed inputs."""
     import torch.distributed as dist
 
     from aviatorc.plan.artifact import load
     from aviatorc.target import load_target
 
-    if init is not None:
-        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
-                                timeout=timedelta(seconds=timeout_s))
-    parent = os.getppid()
-
     def watchdog() -> None:
-        if init is not None and os.getppid() != parent:  # the driver died: nobody will stop us
-            raise SystemExit(1)
+        if parent is not None and os.getppid() != parent:  # the driver died: nobody will stop us
+            os._exit(1)
+
+    watchdog()
+    if init is not None:
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=GROUP_TIMEOUT)
 
     artifact = load(path)
     graph = artifact.graph()

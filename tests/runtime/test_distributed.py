@@ -193,3 +193,21 @@ def test_a_killed_rank_fails_the_run_within_the_timeout(plans):
     assert time.monotonic() - started < TIMEOUT_S
     assert isinstance(info.value, RankFailed) and info.value.rank == 2 and "exited" in str(info.value)
     assert all(_gone(child.pid) for child in children)  # rank 0 tore the others down
+
+
+def test_an_idle_session_outlives_its_timeout_and_a_dropped_one_leaves_nothing(plans):
+    import gc
+
+    session = Session(plans[2], world=2, timeout_s=2.0)
+    inputs = feeds(session, [5, 6, 7])
+    first = session.run(inputs)["logits"]
+    time.sleep(3.0)  # idle past timeout_s: the ranks wait for commands as long as it takes
+    np.testing.assert_array_equal(session.run(inputs)["logits"], first)
+    pids = [child.pid for child in session._cluster.children]
+    del session
+    gc.collect()  # dropped without close(): its ranks are stopped and its group released
+    assert all(_gone(pid) for pid in pids)
+    with Session(plans[2], world=2, timeout_s=TIMEOUT_S) as again:
+        np.testing.assert_array_equal(again.run(inputs)["logits"], first)
+    with pytest.raises(aviatorc.AviatorError, match="closed"):
+        again.run(inputs)
