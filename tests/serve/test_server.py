@@ -193,6 +193,21 @@ def test_a_bad_prompt_among_several_refuses_them_all(server):
     assert metric(server, "aviatorc_requests_total", outcome="cancelled") - before == 1  # the first, withdrawn
 
 
+def test_bad_json_an_oversized_prompt_and_a_negative_max_tokens_get_a_4xx_with_a_message(server):
+    cases = {
+        "bad json": httpx.post(server.url + "/v1/completions", content=b'{"prompt": [1, 2', timeout=30,
+                               headers={"content-type": "application/json"}),
+        "oversized": httpx.post(server.url + "/v1/completions", json={"prompt": [5] * (CONTEXT + 10)}, timeout=30),
+        "negative": httpx.post(server.url + "/v1/completions", json={"prompt": [5], "max_tokens": -3}, timeout=30),
+        "unknown model": httpx.post(server.url + "/v1/completions", json={"model": "x", "prompt": [5]}, timeout=30),
+    }
+    for case, response in cases.items():
+        assert 400 <= response.status_code < 500, case
+        assert response.json()["error"]["message"], case
+    assert "context" in cases["oversized"].json()["error"]["message"]
+    assert "max_tokens" in cases["negative"].json()["error"]["message"]
+
+
 def test_a_negative_seed_is_a_bad_request(server):
     response = httpx.post(server.url + "/v1/completions", json={"model": "llama", "prompt": [5], "seed": -1})
     assert response.status_code == 400 and "seed" in response.json()["error"]["message"]
@@ -229,6 +244,9 @@ def test_a_full_queue_answers_429_and_a_disconnect_frees_the_slot(server):
     assert metric(server, "aviatorc_num_requests_running") == 0 and metric(server, "aviatorc_num_requests_waiting") == 0
     assert metric(server, "aviatorc_requests_total", outcome="cancelled") - cancelled_before == 8
     assert metric(server, "aviatorc_requests_total", outcome="rejected") >= 1
+    # The freed slots serve the next requests.
+    out = httpx.post(server.url + "/v1/completions", json={**body, "stream": False, "max_tokens": 3}, timeout=60)
+    assert out.status_code == 200 and out.json()["usage"]["completion_tokens"] == 3
 
 
 def test_metrics_count_tokens_and_outcomes(server, client):

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -58,3 +60,43 @@ def test_the_server_speculates_with_a_draft(artifacts, tmp_path):
         assert complete(server.url, "llama", prompt, 16) == want
         assert metric(server, "aviatorc_spec_decode_draft_tokens_total") > 0
         assert metric(server, "aviatorc_spec_decode_acceptance_rate") == pytest.approx(1.0)  # its own draft
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def test_killing_the_server_mid_load_leaves_no_process(artifacts, tmp_path):
+    import os
+    import signal
+    import threading
+
+    with start_server(str(artifacts["llama"]), log=tmp_path / "log") as server:
+        pid = server.process.pid
+
+        def client() -> None:
+            try:
+                httpx.post(server.url + "/v1/completions", json={"prompt": [5, 6], "max_tokens": 400,
+                                                                  "ignore_eos": True}, timeout=30)
+            except httpx.HTTPError:
+                pass  # the server died under it: expected
+
+        threads = [threading.Thread(target=client) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        time.sleep(1.0)
+        spawned = _children(pid)
+        os.kill(pid, signal.SIGKILL)
+        server.process.wait(timeout=10)
+        for thread in threads:
+            thread.join(timeout=30)
+        assert not any(t.is_alive() for t in threads)  # no client hangs on a dead server
+    assert all(not Path(f"/proc/{child}").exists() for child in spawned)
