@@ -11,9 +11,15 @@ token as the clients see them, and the throughput (all tokens / wall time) again
 before the server starts (continuous batching must win). The server's greedy tokens are
 checked against `generate`'s.
 
-With `--draft`, a second server runs the same load with the INT4 plan of the same model as the
-draft (speculative decoding, k = 4): the acceptance rate from /metrics, the measured throughput,
-and the speedup that `predicted_speedup` gives for the plans' target at that acceptance.
+Priorities: a server with `--scheduling-policy priority`; the time to first token of 8
+interactive requests (priority 0) sent one at a time to an idle server, then again while 16
+background streams (priority 10) hold every KV slot: P99 loaded against P99 unloaded.
+
+With `--draft`, a second server runs the same load with a truncated-layer copy of the same model
+as the draft (its first 8 of 30 layers, then the final norm and head; INT8; speculative decoding,
+k = 4): greedy tokens against `generate`, the acceptance rate from /metrics, the measured
+throughput, and the speedup that `predicted_speedup` gives for the plans' target at that
+acceptance.
 
     python tools/bench_serve.py              # about 5 minutes
     python tools/bench_serve.py --quick      # 8 clients, fewer tokens
@@ -39,6 +45,7 @@ import numpy as np
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_serve.md"
 ROOT = Path(__file__).resolve().parents[1]
 READY = "aviatorc serve: listening on"
+DRAFT_LAYERS = 8
 PROMPTS = [
     "The capital of France is", "Water boils at a temperature of", "The largest planet in the solar system is",
     "A good way to learn programming is", "The three primary colors are", "In the morning I like to",
@@ -130,6 +137,52 @@ def load(url: str, prompts: list[str], new_tokens: int) -> tuple[list[dict[str, 
     return rows, time.perf_counter() - started
 
 
+def first_token_s(url: str, prompt: str, priority: int, max_tokens: int) -> float:
+    """One streaming request's time to its first token, as the client sees it."""
+    import openai
+
+    api = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
+    sent = time.perf_counter()
+    first = None
+    for chunk in api.completions.create(model="model", prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
+                                        extra_body={"priority": priority, "ignore_eos": True}):
+        if first is None and chunk.choices and chunk.choices[0].text is not None:
+            first = time.perf_counter() - sent
+    assert first is not None
+    return first
+
+
+def priorities(url: str, prompts: list[str], context: int) -> dict[str, Any]:
+    """Interactive TTFT alone, then under a flood of background streams that fill every slot."""
+    interactive = PROMPTS[:8]
+    alone = [first_token_s(url, p, 0, 4) for p in interactive]
+    flood = [threading.Thread(target=first_token_s, args=(url, p, 10, context - 24)) for p in prompts]
+    for thread in flood:
+        thread.start()
+    time.sleep(3.0)  # the background requests hold the slots and decode
+    loaded = []
+    for p in interactive:
+        loaded.append(first_token_s(url, p, 0, 4))
+        time.sleep(0.3)
+    for thread in flood:
+        thread.join()
+    return {"interactive": len(interactive), "background": len(prompts),
+            "ttft_unloaded_p99_s": percentile(alone, 99), "ttft_loaded_p99_s": percentile(loaded, 99),
+            "ttft_unloaded_p50_s": percentile(alone, 50), "ttft_loaded_p50_s": percentile(loaded, 50),
+            "ratio_p99": percentile(loaded, 99) / percentile(alone, 99)}
+
+
+def truncated_draft(source: Path, out: Path, layers: int, slots: int, context: int) -> None:
+    """The first `layers` decoder layers of the model, then its final norm and head, at INT8."""
+    import aviatorc
+    from aviatorc.frontends.gguf import load_gguf_model
+
+    model = load_gguf_model(source)
+    model.model.layers = model.model.layers[:layers]
+    model.config.num_hidden_layers = layers
+    aviatorc.compile(model, quant="int8", batch=slots, context=context, prompt=16, log=lambda text: None).save(out)
+
+
 def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
@@ -187,13 +240,25 @@ def main() -> None:
           f"P99 {served['tpot_p99_s'] * 1e3:.0f} ms; {served['same_tokens_as_generate']}/{clients} as generate",
           flush=True)
 
+    print("priorities: interactive requests alone, then under a background flood ...", flush=True)
+    server = Server(str(target), "--tokenizer", str(source), "--served-model-name", "model",
+                    "--scheduling-policy", "priority")
+    try:
+        load(server.url, prompts[:2], 2)
+        prio = priorities(server.url, prompts, context)
+    finally:
+        server.close()
+    print(f"  interactive TTFT P99 {prio['ttft_unloaded_p99_s'] * 1e3:.0f} ms alone, "
+          f"{prio['ttft_loaded_p99_s'] * 1e3:.0f} ms under {prio['background']} background streams "
+          f"({prio['ratio_p99']:.2f}x)", flush=True)
+
     speculative = None
     if args.draft:
         from aviatorc.serve.speculative import predicted_speedup
 
         draft = work / "draft.avc"
-        print("compiling the INT4 draft ...", flush=True)
-        compile_plan(source, draft, "int4", clients, context)
+        print(f"compiling the draft (the first {DRAFT_LAYERS} layers) ...", flush=True)
+        truncated_draft(source, draft, DRAFT_LAYERS, clients, context)
         server = Server(str(target), "--tokenizer", str(source), "--served-model-name", "model", "--draft", str(draft),
                         "--num-speculative-tokens", "4")
         try:
@@ -205,14 +270,17 @@ def main() -> None:
         speculative = summarize(rows, wall_s, new_tokens)
         plans = [json.loads((p / "plan.json").read_text()) for p in (target, draft)]
         speculative.update(acceptance=acceptance, predicted_speedup=predicted_speedup(acceptance, 4, *plans),
+                           target_step_s=plans[0]["prediction"]["time_per_token_s"],
+                           draft_step_s=plans[1]["prediction"]["time_per_token_s"],
                            same_tokens_as_generate=sum(r.get("ids") == s for r, s in zip(rows, sequential)),
                            speedup_vs_served=speculative["tokens_per_s"] / served["tokens_per_s"])
-        print(f"  speculative (INT4 draft, k=4): acceptance {acceptance:.3f}, {speculative['tokens_per_s']:.1f} tok/s "
+        print(f"  speculative ({DRAFT_LAYERS}-layer draft, k=4): acceptance {acceptance:.3f}, {speculative['tokens_per_s']:.1f} tok/s "
               f"({speculative['speedup_vs_served']:.2f}x plain serving here), predicted on the target "
               f"{speculative['predicted_speedup']:.2f}x", flush=True)
 
     result = {"clients": clients, "new_tokens": new_tokens, "context": context, "compile_s": compile_s,
-              "sequential_tokens_per_s": sequential_tps, "served": served, "speculative": speculative}
+              "sequential_tokens_per_s": sequential_tps, "served": served, "priorities": prio,
+              "speculative": speculative}
     command = "python tools/bench_serve.py" + (" --quick" if args.quick else "") + (" --draft" if args.draft else "")
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(render(result, command))
@@ -242,14 +310,24 @@ def render(r: dict[str, Any], command: str) -> str:
     ]
     if s["errors"]:
         lines += ["", "Errors: " + "; ".join(s["errors"][:5])]
+    q = r["priorities"]
+    lines += ["", f"Priorities (`--scheduling-policy priority`): time to first token of {q['interactive']} interactive "
+                  f"requests (priority 0, 4 tokens each), alone and then sent one by one while {q['background']} "
+                  f"background streams (priority 10) hold every KV slot: P50 {q['ttft_unloaded_p50_s'] * ms:.0f} ms "
+                  f"alone, {q['ttft_loaded_p50_s'] * ms:.0f} ms under the flood; P99 "
+                  f"{q['ttft_unloaded_p99_s'] * ms:.0f} ms alone, {q['ttft_loaded_p99_s'] * ms:.0f} ms under the flood: "
+                  f"**{q['ratio_p99']:.2f}x** (goal: within 2x). Each interactive arrival preempts a background "
+                  f"sequence; it waits for the decode step in flight, then its own prefill."]
     p = r.get("speculative")
     if p:
-        lines += ["", f"Speculative decoding, the INT4 plan of the same model as the draft (k = 4), the same load: "
-                      f"acceptance **{p['acceptance']:.3f}**; {p['tokens_per_s']:.1f} tokens/s here "
-                      f"({p['speedup_vs_served']:.2f}x plain serving on this CPU, where the draft costs about what the "
-                      f"target does); predicted on the plans' target from that acceptance: "
-                      f"**{p['predicted_speedup']:.2f}x** (`aviatorc.serve.speculative.predicted_speedup`); greedy "
-                      f"tokens equal to `generate`: {p['same_tokens_as_generate']} / {p['requests']}."]
+        lines += ["", f"Speculative decoding, the first {DRAFT_LAYERS} of the model's 30 layers (with its final norm and "
+                      f"head, INT8) as the draft, k = 4, the same load: acceptance **{p['acceptance']:.3f}**; greedy "
+                      f"tokens equal to `generate`: {p['same_tokens_as_generate']} / {p['requests']}; "
+                      f"{p['tokens_per_s']:.1f} tokens/s here ({p['speedup_vs_served']:.2f}x plain serving on this CPU, "
+                      f"where verification runs one step per sequence); predicted on the plans' target from that "
+                      f"acceptance: **{p['predicted_speedup']:.2f}x** (`aviatorc.serve.speculative.predicted_speedup`; "
+                      f"simulated decode steps: target {p['target_step_s'] * 1e3:.3f} ms, draft "
+                      f"{p['draft_step_s'] * 1e3:.3f} ms)."]
     lines += ["", f"Command: `{command}`", ""]
     return "\n".join(lines)
 

@@ -11,9 +11,12 @@ Each turn of `run`, on the event loop (so the state needs no locks):
    (lower `priority` first, ties by arrival, as vLLM); under `priority` a waiting request may
    preempt the running one of the lowest priority, which goes back to the queue keeping its
    generated tokens and is prefilled again with them on readmission (recompute, as vLLM);
-3. prefill each admitted request (one slot at a time: prompts differ in length) and sample its
-   first token;
+3. prefill each admitted request (one at a time: prompts differ in length; the next one chosen
+   again after each, so an arrival goes first) and sample its first token;
 4. decode one token for every running sequence in one batched `Session.decode` step.
+Under `priority` one slot is kept free for a request that outranks everything running: one that
+arrives during a decode step is prefilled at once, beside the step (its own worker thread;
+prefill and decode touch different slots), so its first token does not wait for the step.
 The session's work runs in a worker thread (`asyncio.to_thread`), so the server keeps answering
 while a step computes; a step's results are applied on the loop. With a draft session
 (`aviatorc.serve.speculative`), step 4 drafts k tokens per sequence and the target verifies them.
@@ -219,24 +222,41 @@ class Engine:
                     self._finish(request, Finished("error", message))
 
     async def step(self) -> None:
-        """One turn: admit and prefill, then one decode step for everything running."""
-        admitted = self._admit()
-        for request in admitted:
-            if request.finished is None:  # one admitted beside it may have ended meanwhile
+        """One turn: admit and prefill (the most important waiting request first, chosen again
+        after each prefill, so an arrival jumps the queue), then one decode step for every
+        sequence that was running. Under `priority`, a request that outranks every running one
+        and arrives during that step is prefilled beside it in the kept slot."""
+        fresh: set[int] = set()  # requests prefilled this turn: they have their next token already
+        while (request := self._admit_one()) is not None:
+            fresh.add(id(request))
+            if request.finished is None:  # one admitted before it may have ended it (a preemption)
                 await self._prefill(request)
             self._drop_ended()
-        batch = [slot for slot, request in sorted(self.running.items()) if request not in admitted]
+        batch = [slot for slot, request in sorted(self.running.items()) if id(request) not in fresh]
         if batch:
-            if self.speculator is not None:
-                await self.speculator.step(self, batch)
-            else:
-                tokens = [self.running[slot].generated[-1] for slot in batch]
-                logits = await asyncio.to_thread(self.session.decode, batch, tokens)
-                self.observer.decode_step(len(batch), self.slots)
-                for slot, row in zip(batch, logits):
-                    self._accept(self.running[slot], [self._sample(self.running[slot], row)])
+            decoding = asyncio.ensure_future(self._decode(batch))
+            while not decoding.done():
+                self._wake.clear()
+                urgent = self._admit_one(during_step=True)
+                if urgent is not None:
+                    await self._prefill(urgent)  # in its own thread, beside the decode step
+                    continue
+                woken = asyncio.ensure_future(self._wake.wait())
+                await asyncio.wait({decoding, woken}, return_when=asyncio.FIRST_COMPLETED)
+                woken.cancel()
+            await decoding  # its error, if it failed
         self.steps += 1
         self._observe()
+
+    async def _decode(self, batch: list[int]) -> None:
+        if self.speculator is not None:
+            await self.speculator.step(self, batch)
+            return
+        tokens = [self.running[slot].generated[-1] for slot in batch]
+        logits = await asyncio.to_thread(self.session.decode, batch, tokens)
+        self.observer.decode_step(len(batch), self.slots)
+        for slot, row in zip(batch, logits):
+            self._accept(self.running[slot], [self._sample(self.running[slot], row)])
 
     async def _prefill(self, request: GenerationRequest) -> None:
         slot = request._slot
@@ -301,19 +321,32 @@ class Engine:
     def _order(self, request: GenerationRequest) -> tuple[int, int]:
         return (request.priority, request.arrival) if self.policy == "priority" else (0, request.arrival)
 
-    def _admit(self) -> list[GenerationRequest]:
+    def _admit_one(self, *, during_step: bool = False) -> GenerationRequest | None:
+        """The most important waiting request, given a free KV slot (or, between steps, the slot of
+        a sequence it preempts); None if it must wait.
+
+        Under `priority` (with more than one slot) the last free slot is kept for a request that
+        outranks every running sequence: such an arrival then starts at once, even during a
+        decode step (`during_step`: only those are admitted, only into free slots)."""
+        if not self.waiting:
+            return None
         self.waiting.sort(key=self._order)
-        admitted = []
-        while self.waiting:
+        request = self.waiting[0]
+        free = [slot for slot in range(self.slots) if slot not in self.running]
+        outranks = not self.running or request.priority < min(r.priority for r in self.running.values())
+        keep = self.policy == "priority" and self.slots > 1 and len(free) == 1 and not outranks
+        if during_step and (not outranks or not free):
+            return None
+        if keep:
+            return None
+        if not free:
+            if not self._preempt_for(request):
+                return None
             free = [slot for slot in range(self.slots) if slot not in self.running]
-            if not free and not self._preempt_for(self.waiting[0]):
-                break
-            slot = min(slot for slot in range(self.slots) if slot not in self.running)
-            request = self.waiting.pop(0)
-            request._slot = slot
-            self.running[slot] = request
-            admitted.append(request)
-        return admitted
+        self.waiting.pop(0)
+        request._slot = min(free)
+        self.running[request._slot] = request
+        return request
 
     def _preempt_for(self, request: GenerationRequest) -> bool:
         """Under `priority`, free the slot of the least important running sequence if `request`

@@ -161,3 +161,34 @@ def test_a_request_ending_in_the_turn_it_is_admitted_leaves_its_neighbours_alone
     asyncio.run(serve(Engine(session), [a, b]))
     assert b.finished is not None and b.finished.reason == "timeout"
     assert a.finished == Finished("length") and a.generated == alone(session, [5, 6, 7], 6)
+
+
+def test_under_priority_an_arrival_that_outranks_everything_starts_during_a_decode_step(session):
+    """Two slots: one background request runs, a second waits (the last slot is kept); an
+    interactive arrival takes the kept slot during a decode step, preempting nobody."""
+    async def scenario() -> tuple[list[GenerationRequest], int]:
+        engine = Engine(session, max_num_seqs=2, policy="priority")
+        task = asyncio.create_task(engine.run())
+        first = engine.submit(GenerationRequest(prompt=[5, 6, 7], max_tokens=30, priority=5))
+        second = engine.submit(GenerationRequest(prompt=[8, 9], max_tokens=3, priority=5))
+        while len(first.generated) < 3:
+            await asyncio.sleep(0.001)
+        kept_free = len(engine.running) == 1 and second in engine.waiting
+        urgent = engine.submit(GenerationRequest(prompt=[10, 11], max_tokens=3, priority=0))
+        order: list[GenerationRequest] = []
+
+        async def follow(request: GenerationRequest) -> None:
+            await request.result()
+            order.append(request)
+
+        await asyncio.wait_for(asyncio.gather(*(follow(r) for r in (first, second, urgent))), timeout=120)
+        task.cancel()
+        return order, kept_free
+
+    order, kept_free = asyncio.run(scenario())
+    first, second, urgent = sorted(order, key=lambda r: r.arrival)
+    assert kept_free  # the second background request waited: the last slot was kept
+    assert order.index(urgent) < order.index(second)
+    assert all(r.preemptions == 0 for r in order)
+    assert urgent.generated == alone(session, [10, 11], 3) and first.generated == alone(session, [5, 6, 7], 30)
+    assert second.generated == alone(session, [8, 9], 3)
