@@ -16,7 +16,7 @@ interactive requests (priority 0) sent one at a time to an idle server, then aga
 background streams (priority 10) hold every KV slot: P99 loaded against P99 unloaded.
 
 With `--draft`, a second server runs the same load with a truncated-layer copy of the same model
-as the draft (its first 8 of 30 layers, then the final norm and head; INT8; speculative decoding,
+as the draft (its first 20 of 30 layers, then the final norm and head; INT8; speculative decoding,
 k = 4): greedy tokens against `generate`, the acceptance rate from /metrics, the measured
 throughput, and the speedup that `predicted_speedup` gives for the plans' target at that
 acceptance.
@@ -45,7 +45,7 @@ import numpy as np
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_serve.md"
 ROOT = Path(__file__).resolve().parents[1]
 READY = "aviatorc serve: listening on"
-DRAFT_LAYERS = 8
+DRAFT_LAYERS = 20
 PROMPTS = [
     "The capital of France is", "Water boils at a temperature of", "The largest planet in the solar system is",
     "A good way to learn programming is", "The three primary colors are", "In the morning I like to",
