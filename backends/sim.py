@@ -47,6 +47,7 @@ from aviatorc.ir.ops import get_op
 from aviatorc.ir.types import numpy_dtype
 from aviatorc.plan.ir import Buffer, Instr, Program, format_instr
 from aviatorc.runtime.errors import RuntimeFault
+from aviatorc.runtime.precedence import Precedence
 from aviatorc.runtime.weights import WeightStore
 
 _PART_LABEL = re.compile(r"(.*)\[((?:cols|rows|kv):\d+:\d+)\]\Z")  # a sent part: "value[cols:A:B]"
@@ -120,6 +121,7 @@ class SimBackend:
         self.attrs = {n.name: self._attrs(n) for n in graph.nodes}
         self.kernels = {n.name: get_op(n.op).kernel for n in graph.nodes}
         self._strips: dict[tuple[str, int, int], np.ndarray] = {}
+        self.precedence = Precedence()  # a session shares one across its programs' backends
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -187,11 +189,13 @@ class _Run:
     def execute(self) -> None:
         streams = self.b.streams
         unfinished = [c for c in streams if streams[c]]
+        checkpoint = self.b.precedence.checkpoint
         while unfinished:
             moved = False
             for c in unfinished:
                 stream = streams[c]
                 while self.pc[c] < len(stream):
+                    checkpoint()
                     if not self.step(c, self.pc[c], stream[self.pc[c]]):
                         break
                     self.pc[c] += 1

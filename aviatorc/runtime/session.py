@@ -47,6 +47,7 @@ from aviatorc.ir.types import format_shape, numpy_dtype
 from aviatorc.plan.artifact import Artifact, load
 from aviatorc.runtime.cache import CacheLayout, find_cache, static_reason
 from aviatorc.runtime.errors import NotRunnableError, RuntimeInputError
+from aviatorc.runtime.precedence import Precedence
 from aviatorc.runtime.sampling import check_sampling, sample
 from aviatorc.runtime.weights import WeightStore
 from aviatorc.target import Target, load_target
@@ -120,6 +121,9 @@ class Session:
         self._backends: dict[str, Any] = {
             phase: backend(program, self.graph, self.weights, sram_bytes=self.target.chiplet.sram_bytes)
             for phase, program in sorted(self.artifact.programs.items())}
+        self.precedence = Precedence()  # `with session.precedence.first():` pauses this session's other steps
+        for phase_backend in self._backends.values():
+            phase_backend.precedence = self.precedence
         if world > 1:  # one rank per card: this process drives, the others run their cards' streams
             from aviatorc.runtime.distributed import Cluster
 

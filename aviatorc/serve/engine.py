@@ -15,8 +15,9 @@ Each turn of `run`, on the event loop (so the state needs no locks):
    again after each, so an arrival goes first) and sample its first token;
 4. decode one token for every running sequence in one batched `Session.decode` step.
 Under `priority` one slot is kept free for a request that outranks everything running: one that
-arrives during a decode step is prefilled at once, beside the step (its own worker thread;
-prefill and decode touch different slots), so its first token does not wait for the step.
+arrives during a decode step is prefilled at once, in its own worker thread (prefill and decode
+touch different slots), while the step pauses at its next instruction (`Session.precedence`),
+so its first token waits neither for the step nor beside it for the CPU.
 The session's work runs in a worker thread (`asyncio.to_thread`), so the server keeps answering
 while a step computes; a step's results are applied on the loop. With a draft session
 (`aviatorc.serve.speculative`), step 4 drafts k tokens per sequence and the target verifies them.
@@ -27,6 +28,7 @@ A full queue refuses at `submit` (`QueueFull`); nothing waits without bound.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -37,6 +39,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from aviatorc.errors import AviatorError, OptionError
+from aviatorc.runtime.precedence import Precedence
 from aviatorc.runtime.sampling import check_sampling, sample
 
 POLICIES = ("fcfs", "priority")
@@ -130,6 +133,8 @@ class StepSession(Protocol):
     def num_slots(self) -> int: ...
     @property
     def context(self) -> int: ...
+    @property
+    def precedence(self) -> Precedence: ...
     def prefill(self, slot: int, ids: Any) -> np.ndarray: ...
     def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> np.ndarray: ...
     def free(self, slot: int) -> None: ...
@@ -239,7 +244,7 @@ class Engine:
                 self._wake.clear()
                 urgent = self._admit_one(during_step=True)
                 if urgent is not None:
-                    await self._prefill(urgent)  # in its own thread, beside the decode step
+                    await self._prefill(urgent, first=True)  # the decode step pauses meanwhile
                     continue
                 woken = asyncio.ensure_future(self._wake.wait())
                 await asyncio.wait({decoding, woken}, return_when=asyncio.FIRST_COMPLETED)
@@ -258,15 +263,15 @@ class Engine:
         for slot, row in zip(batch, logits):
             self._accept(self.running[slot], [self._sample(self.running[slot], row)])
 
-    async def _prefill(self, request: GenerationRequest) -> None:
+    async def _prefill(self, request: GenerationRequest, *, first: bool = False) -> None:
+        """Prefill `request` in its slot; `first`: while a decode step is in flight, which pauses
+        until this prefill is done (`Precedence`), as the step would end first on the target."""
         slot = request._slot
         if slot is None:
             raise RuntimeError(f"request {request.arrival} was admitted without a slot")
         try:
             ids = np.array(request.prompt + request.generated, dtype=np.int64)
-            logits = await asyncio.to_thread(self.session.prefill, slot, ids)
-            if self.speculator is not None:
-                await asyncio.to_thread(self.speculator.prefill, slot, ids)
+            logits = await asyncio.to_thread(self._prefill_now, slot, ids, first)
         except Exception as error:  # noqa: BLE001 - this request's own failure ends it alone
             if not isinstance(error, AviatorError):
                 log.exception("prefill of request %d failed", request.arrival)
@@ -274,6 +279,17 @@ class Engine:
                                            else f"internal error: {type(error).__name__}: {error}"))
             return
         self._accept(request, [self._sample(request, logits)])
+
+    def _prefill_now(self, slot: int, ids: np.ndarray, first: bool) -> np.ndarray:
+        sessions = [self.session] + ([self.speculator.draft] if self.speculator is not None else [])
+        with contextlib.ExitStack() as held:
+            if first:
+                for session in sessions:
+                    held.enter_context(session.precedence.first())
+            logits = self.session.prefill(slot, ids)
+            if self.speculator is not None:
+                self.speculator.prefill(slot, ids)
+        return logits
 
     def _sample(self, request: GenerationRequest, logits: np.ndarray) -> int:
         return sample(logits, temperature=request.temperature, top_p=request.top_p, rng=request._rng)
