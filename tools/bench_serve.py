@@ -317,8 +317,9 @@ def render(r: dict[str, Any], command: str) -> str:
                   f"alone, {q['ttft_loaded_p50_s'] * ms:.0f} ms under the flood; P99 "
                   f"{q['ttft_unloaded_p99_s'] * ms:.0f} ms alone, {q['ttft_loaded_p99_s'] * ms:.0f} ms under the flood: "
                   f"**{q['ratio_p99']:.2f}x** (goal: within 2x). The last KV slot is kept for a request that outranks "
-                  f"everything running, so each interactive arrival is prefilled at once, beside the decode step in "
-                  f"flight; the two share this machine's 2 cores, which is what the loaded figure pays."]
+                  f"everything running, so each interactive arrival is prefilled at once, while the decode step in "
+                  f"flight pauses at its next instruction until that prefill is done (`Session.precedence`: on the "
+                  f"target the step would end within a millisecond; here it takes hundreds)."]
     p = r.get("speculative")
     if p:
         lines += ["", f"Speculative decoding, the first {DRAFT_LAYERS} of the model's 30 layers (with its final norm and "
