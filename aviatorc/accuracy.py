@@ -3,8 +3,8 @@
 Metrics (numpy only): SQNR in dB, max abs error, cosine similarity, Pearson correlation
 (PCC, as tt-mlir's golden checks use), top-1 agreement and perplexity for language models.
 
-`accuracy_report(reference, transformed, batches)` runs both graphs on the calibration
-batches and reports:
+`accuracy_report(reference, transformed, batches)` runs both graphs on `batches` (the compiler
+gives it batches calibration did not see: `aviatorc.compiler.evaluation_split`) and reports:
 - per layer, for each MatMul whose weight the passes rewrote (matched by node name, which
   the passes keep): `sqnr_db` / `max_abs_error` of the layer's own error (the reference
   layer input times the stored weight, against the fp32 layer), and `sqnr_db_in_model` of
@@ -189,7 +189,9 @@ def _format_name(deq: Any) -> str:
 
 def format_accuracy(report: Mapping[str, Any], max_layers: int = 20) -> str:
     """A terminal table of `accuracy_report`'s result: worst layers first."""
-    lines = [f"accuracy on {report['batches']} calibration batch(es)"]
+    data = report.get("data", {})
+    kind = "held-out" if data.get("held_out") else "in-sample"
+    lines = [f"accuracy on {report['batches']} {kind} batch(es)" + (f" ({data['note']})" if data.get("note") else "")]
     for entry in report["end_to_end"]:
         text = f"  output {entry['output']}: cosine {entry['cosine']:.5f}, PCC {entry['pcc']:.5f}, max |diff| {entry['max_abs_diff']:.4g}"
         if "perplexity" in entry:

@@ -3,6 +3,7 @@
     aviatorc inspect MODEL
     aviatorc compile MODEL -o OUT [--target T] [--cards N] [--quant int8|int4|mxint8|mxint4] ...
     aviatorc run ARTIFACT --inputs feeds.npz [--output out.npz]
+    aviatorc report ARTIFACT [-o report.html] [--format html|json|text]
     aviatorc generate ARTIFACT --prompt-ids 1,2,3 | --prompt TEXT --tokenizer DIR [--max-new-tokens 32]
     aviatorc serve ARTIFACT [ARTIFACT...] [--host 127.0.0.1] [--port 8000] [--tokenizer DIR] [--draft ARTIFACT]
     aviatorc passes | aviatorc ops | aviatorc target list | aviatorc target show NAME [--resolved]
@@ -56,7 +57,10 @@ class _ShowDefaults(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if action.default not in (None, False, argparse.SUPPRESS) and "default" not in text and action.option_strings:
+        default = action.default
+        # by identity: a default of 0 is shown (0 == False); an empty repeatable option says nothing
+        shown = not (default is None or default is False or default is argparse.SUPPRESS or default == [])
+        if shown and "default" not in text and action.option_strings:
             text += " (default: %(default)s)"
         return text
 
@@ -83,7 +87,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return text if len(text) <= limit else text[: limit - 3] + "..."
 
     try:
-        return int(args.handler(args) or 0)
+        import contextlib
+
+        from aviatorc.terminal import configure_logging
+
+        # Only the commands with -q / -v: `serve` configures logging itself (--log-level).
+        with configure_logging(quiet=args.quiet, verbose=args.verbose) if args.progress else contextlib.nullcontext():
+            return int(args.handler(args) or 0)
     except AviatorError as error:
         if args.debug:
             raise
@@ -114,15 +124,18 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="aviatorc", description="An ML compiler for in-memory-compute accelerators.")
     parser.add_argument("--version", action="version", version=f"aviatorc {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
+    parser.set_defaults(quiet=False, verbose=False, progress=False)  # the commands without -q / -v (_add_verbosity)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("inspect", help="print a model's inputs, outputs, op census and parameter bytes")
     p.add_argument("model", help="an .onnx file or a Hugging Face config.json")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--ir", action="store_true", help="also print the IR text")
+    _add_verbosity(p)
     p.set_defaults(handler=cmd_inspect)
 
-    p = sub.add_parser("compile", help="import, transform, and place a model; write an artifact directory")
+    p = sub.add_parser("compile", help="import, transform, and place a model; write an artifact directory",
+                       formatter_class=_ShowDefaults)
     p.add_argument("model", help="an .onnx file, a Hugging Face config.json (shape-only), or a .gguf file")
     p.add_argument("-o", "--output", required=True, help="artifact directory to write")
     p.add_argument("--target", help="a shipped target name (see `aviatorc target list`) or a TOML file (default: corsair)")
@@ -135,11 +148,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--asymmetric", action="store_true", help="int4 with zero points")
     p.add_argument("--quant-method", choices=CALIBRATION_METHODS, help="default: gptq for 4-bit with calibration")
     p.add_argument("--sparsity", choices=SPARSITY_CHOICES, help="structured sparsity")
-    p.add_argument("--sparsity-method", choices=SPARSITY_METHODS, default=DEFAULTS.sparsity_method)
+    p.add_argument("--sparsity-method", choices=SPARSITY_METHODS, default=DEFAULTS.sparsity_method,
+                   help="how --sparsity chooses the pruned weights: by magnitude, Wanda (magnitude x activation "
+                   "norm; needs --calibration) or SparseGPT (with error correction; needs --calibration)")
     p.add_argument("--keep-fp16", action="append", default=[], metavar="PATTERN",
                    help="keep weights whose name matches this fnmatch pattern in FP16 (repeatable)")
     p.add_argument("--activations", choices=ACTIVATION_METHODS, help="W8A8: calibrate activation ranges")
     p.add_argument("--calibration", metavar="FILE.npz", help="calibration batches: one array per input, batches on axis 0")
+    p.add_argument("--eval", metavar="FILE.npz", help="batches to measure accuracy on, as --calibration (default: the "
+                   "last quarter of the calibration batches, held out of calibration)")
     p.add_argument("--no-fuse-qkv", action="store_true", help="leave q/k/v projections separate")
     p.add_argument("--passes", help="explicit comma-separated pass pipeline (overrides the options)")
     p.add_argument("--print-ir-after-change", action="store_true", help="print the IR after each pass that changed it")
@@ -152,9 +169,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-dtype", choices=KV_DTYPE_CHOICES, default=DEFAULTS.kv_dtype, help="KV cache element type")
     p.add_argument("--solver", choices=SOLVER_CHOICES, default=DEFAULTS.solver,
                    help="partitioner: greedy alone (default), or greedy then CP-SAT per layer")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("-q", "--quiet", action="store_true")
+    p.add_argument("--seed", type=int, default=0, help="the partitioner's random seed (the same seed and inputs "
+                   "give a byte-identical artifact)")
+    _add_verbosity(p, quiet="print nothing but warnings and errors (no progress, no summary)")
     p.set_defaults(handler=cmd_compile)
+
+    p = sub.add_parser("report", help="report on a compiled artifact: an HTML page, JSON, or a terminal summary")
+    p.add_argument("artifact", help="an artifact directory written by `aviatorc compile`")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the report here (default: print it; an HTML "
+                   "report needs a file)")
+    p.add_argument("--format", choices=("html", "json", "text"), help="html: one self-contained page (placement, SRAM "
+                   "over time, timeline, accuracy, latency against the bound); json: the same data for machines; "
+                   "text: a terminal summary (default: html with -o, text without)")
+    p.set_defaults(handler=cmd_report)
 
     p = sub.add_parser("run", help="run a compiled artifact on inputs from an .npz file (sim device)")
     p.add_argument("artifact", help="an artifact directory written by `aviatorc compile`")
@@ -165,6 +192,7 @@ def _parser() -> argparse.ArgumentParser:
                    "(this process is rank 0; the others are spawned; torch.distributed with gloo)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="seconds a rank may wait for another before the run fails (with --world)")
+    _add_verbosity(p)
     p.set_defaults(handler=cmd_run)
 
     p = sub.add_parser("generate", help="generate tokens with a compiled decoder that carries its KV cache")
@@ -181,6 +209,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--eos-token-id", type=int, action="append", help="stop after this id (repeatable; default: "
                    "the tokenizer's end-of-sequence id)")
     p.add_argument("--device", choices=("sim", "cuda"), default="sim")
+    _add_verbosity(p)
     p.set_defaults(handler=cmd_generate)
 
     p = sub.add_parser("serve", help="serve compiled decoders over the OpenAI API (completions, chat, SSE)",
@@ -223,6 +252,16 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--resolved", action="store_true", help="echo the fully resolved description")
     t.set_defaults(handler=cmd_target_show)
     return parser
+
+
+def _add_verbosity(p: argparse.ArgumentParser, *, quiet: str = "print nothing but the result, warnings and errors "
+                   "(no progress)") -> None:
+    """-q / -v of a long-running command (see `aviatorc.terminal` for what each shows on stderr)."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("-q", "--quiet", action="store_true", help=quiet)
+    group.add_argument("-v", "--verbose", action="store_true", help="log each stage and pass as a line on stderr "
+                       "(progress is drawn on a terminal either way)")
+    p.set_defaults(progress=True)
 
 
 def _console() -> Any:
@@ -281,9 +320,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from aviatorc.compiler import load_calibration_npz
 
     console = _console()
-    log = (lambda text: None) if args.quiet else (lambda text: console.print(text, style="dim")
-                                                   if not text.startswith("// IR") else print(text))
+    # Progress goes to logging (drawn on stderr by `aviatorc.terminal`); --print-ir-after-change
+    # prints the IR to stdout (no `log` callback is given).
     calibration = load_calibration_npz(args.calibration) if args.calibration else None
+    evaluation = load_calibration_npz(args.eval, what="evaluation") if args.eval else None
     options: dict[str, Any] = {
         "target": args.target, "cards": args.cards, "quant": args.quant, "group_size": args.group_size,
         "symmetric": not args.asymmetric, "quant_method": args.quant_method, "sparsity": args.sparsity,
@@ -298,7 +338,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     check_output_path(args.output)  # before the compile spends its time
     start = time.perf_counter()
-    result = compile_model(_model_path(args.model), calibration=calibration, log=log, **options)
+    result = compile_model(_model_path(args.model), calibration=calibration, evaluation=evaluation, **options)
     out = result.save(args.output)
     if not args.quiet:
         console.print(result.report.summary())
@@ -311,6 +351,46 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
             console.print(render_table(result.placement))
         console.print(f"wrote {out}/ in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from aviatorc.errors import OptionError
+    from aviatorc.plan.artifact import check_output_path, load, write_file_atomically
+    from aviatorc.report import ReportSources, render_html, render_text, report_data
+
+    fmt = args.format or ("html" if args.output else "text")
+    if fmt == "html" and not args.output:
+        raise OptionError("an HTML report needs an output file", hint="add -o report.html (the compile also wrote "
+                          f"one into the artifact: {Path(args.artifact) / 'report.html'})")
+    if args.output:
+        check_output_path(args.output, directory=False)
+    artifact = load(args.artifact)
+    data = report_data(ReportSources.from_artifact(artifact))
+    if fmt == "text" and not args.output:
+        console = _console()
+        html = artifact.path / "report.html"
+        for renderable in render_text(data, html_path=str(html) if "report.html" in artifact.manifest["files"] else None):
+            console.print(renderable)
+        return 0
+    if fmt == "html":
+        text = render_html(data)
+    elif fmt == "json":
+        text = json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n"
+    else:
+        import io
+
+        from rich.console import Console
+
+        console = Console(record=True, width=120, file=io.StringIO(), highlight=False, markup=False)
+        for renderable in render_text(data):
+            console.print(renderable)
+        text = console.export_text()
+    if not args.output:
+        sys.stdout.write(text)
+        return 0
+    write_file_atomically(Path(args.output), text.encode())
+    print(f"wrote {args.output} ({len(text.encode()):,} bytes)")
     return 0
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -28,8 +29,10 @@ from aviatorc.errors import AviatorError, OptionError
 from aviatorc.ir import Graph, print_graph
 from aviatorc.ir.interpreter import check_feeds
 from aviatorc.options import CompileOptions
+from aviatorc.progress import fan_out, stage
 
 REPORT_VERSION = 1
+_logger = logging.getLogger("aviatorc.compile")
 
 
 @dataclass
@@ -55,8 +58,10 @@ class Report:
         weights = self.data.get("weights")
         if weights:
             lines.append(f"weights: {weights['total_bytes']:,} bytes ({weights['fp32_bytes']:,} at fp32)")
-        for entry in self.data.get("accuracy", {}).get("end_to_end", []):
-            text = f"accuracy of '{entry['output']}': cosine {entry['cosine']:.5f}, max |diff| {entry['max_abs_diff']:.4g}"
+        accuracy = self.data.get("accuracy", {})
+        split = "held-out" if accuracy.get("data", {}).get("held_out") else "in-sample"
+        for entry in accuracy.get("end_to_end", []):
+            text = f"{split} accuracy of '{entry['output']}': cosine {entry['cosine']:.5f}, max |diff| {entry['max_abs_diff']:.4g}"
             if "perplexity" in entry:
                 text += (f", top-1 agreement {entry['top1_agreement']:.3f}, perplexity {entry['perplexity']:.3f} "
                          f"(fp32 {entry['perplexity_reference']:.3f})")
@@ -65,9 +70,11 @@ class Report:
             lines.append(self.data["weights"]["storage_note"])
         placement = self.data.get("placement")
         if placement:
+            from aviatorc.partition.report import BOUND_LEAVES_OUT  # said where the gap is shown
+
             lines.append(f"placement on {placement['target']}: {placement['status']}, "
                          f"{placement['objective_s'] * 1e6:.3f} us per decode step (weights), "
-                         f"{placement['gap_to_bound']:.2%} above the lower bound; "
+                         f"{placement['gap_to_bound']:.2%} above the lower bound ({BOUND_LEAVES_OUT}); "
                          f"{placement['resident_bytes']:,} bytes resident, {placement['streamed_bytes']:,} streamed")
         plan = self.data.get("plan")
         if plan:
@@ -87,15 +94,18 @@ def seconds(value: float) -> str:
 
 
 def plan_summary(plan: Mapping[str, Any]) -> list[str]:
-    """The predicted figures, each next to its physical bound."""
+    """The predicted figures, each next to its physical bound, and under them what the
+    prediction leaves out (the scheduler's notes: uncharged transfers among them)."""
     p, memory = plan["prediction"], plan["memory"]
     bound = p["bound"]
+    notes = [f"  (prediction: {note})" for note in plan.get("notes", [])]
     return [
         f"predicted decode: {seconds(p['time_per_token_s'])} per step, {p['tokens_per_s']:,.1f} tokens/s; "
         f"bound {seconds(bound['token_s'])}, efficiency {p['efficiency']:.3f}",
         f"predicted time to first token: {seconds(p['ttft_s'])} (bound {seconds(bound['ttft_s'])}); "
         f"cold start to first token {seconds(p['cold_start_s'])} (bound {seconds(bound['cold_s'])}; "
         f"{seconds(p['cold_start_naive_order_s'])} loading in name order)",
+        *notes,
         f"SRAM: KV cache {memory['kv_bytes']:,} bytes in {memory['kv_location']} ({memory['kv_dtype']}), "
         f"staging {memory['staging_bytes_per_chiplet']:,} and activations {memory['scratch_bytes_per_chiplet']:,} "
         "bytes per chiplet",
@@ -114,8 +124,10 @@ class CompileResult:
     target: Any = None
     timings: dict[str, Any] = field(default_factory=dict)  # wall clock: never written, so the artifact is reproducible
 
-    def artifact_files(self) -> dict[str, bytes]:
-        """The artifact's files by name (see `aviatorc.plan.artifact`)."""
+    def artifact_files(self, *, html_report: bool = True) -> dict[str, bytes]:
+        """The artifact's files by name (see `aviatorc.plan.artifact`); with `html_report`, also
+        report.html (`aviatorc.report`), rendered from the other files so that `aviatorc report
+        -o` on the saved artifact gives the same bytes."""
         from aviatorc.plan.artifact import WEIGHTS, encode_tensors, to_json_bytes
         from aviatorc.plan.weights import pack_weights
         from aviatorc.schedule.trace import chrome_trace
@@ -130,13 +142,17 @@ class CompileResult:
         files["plan.json"] = to_json_bytes(plan)
         files["target.toml"] = self.target.to_toml().encode()
         files["trace.json"] = to_json_bytes(chrome_trace(self.plan.decode_timeline))
+        if html_report:
+            from aviatorc.report import ReportSources, render_html, report_data
+
+            files["report.html"] = render_html(report_data(ReportSources.from_files(files))).encode()
         return files
 
-    def save(self, path: str | os.PathLike[str]) -> Path:
+    def save(self, path: str | os.PathLike[str], *, html_report: bool = True) -> Path:
         """Write the artifact directory atomically: a temp folder renamed into place."""
         from aviatorc.plan.artifact import write_artifact
 
-        return write_artifact(path, self.artifact_files())
+        return write_artifact(path, self.artifact_files(html_report=html_report))
 
 
 def compile(  # noqa: A001 - the public verb is `aviatorc.compile`
@@ -144,6 +160,7 @@ def compile(  # noqa: A001 - the public verb is `aviatorc.compile`
     example_inputs: Any = None,
     *,
     calibration: Iterable[Mapping[str, Any]] | None = None,
+    evaluation: Iterable[Mapping[str, Any]] | None = None,
     log: Callable[[str], None] | None = None,
     **options: Any,
 ) -> CompileResult:
@@ -152,13 +169,24 @@ def compile(  # noqa: A001 - the public verb is `aviatorc.compile`
     Options (see `CompileOptions`): target, cards, quant, group_size, symmetric, sparsity,
     sparsity_method, quant_method, keep_fp16, activations, fuse_qkv, passes,
     print_ir_after_change, seed; and for the partitioner: time_limit_s.
+
+    Progress is logged with `logging` (loggers under "aviatorc"; records of long stages carry
+    `aviatorc.progress.Progress`); nothing is configured here. `log`, when given, is also handed
+    each line, and the IR that print_ir_after_change prints (to stdout without `log`).
+
+    Accuracy is measured on `evaluation` (feed dicts, as `calibration`) when given; otherwise on
+    the last quarter of the calibration batches, which calibration then does not see
+    (`evaluation_split`); with one calibration batch, on that batch, and the report says it is
+    in-sample.
     """
     from aviatorc.frontends import import_model
     from aviatorc.inspect import summarize
     from aviatorc.passes.manager import PassContext, run_passes
     from aviatorc.passes.pipeline import build_pipeline
 
-    log = log or (lambda text: None)
+    # Progress goes to `logging` (the CLI draws it); `log` also gets each line, as it always has.
+    echo = log
+    log = fan_out(_logger, echo)
     time_limit_s = float(options.pop("time_limit_s", 30.0))
     if "keep_fp16" in options and options["keep_fp16"] is not None:
         options["keep_fp16"] = tuple(options["keep_fp16"])
@@ -172,19 +200,25 @@ def compile(  # noqa: A001 - the public verb is `aviatorc.compile`
         storage_note = (f"target '{target.name}' has no fp32 weights: unquantized weights are stored as {native} "
                         "(pass quant= / --quant to choose a format)")
         log(storage_note)
-    log(f"importing {_describe(source)}")
     started = time.perf_counter()
-    graph = import_model(source, example_inputs)
+    with stage(_logger, f"importing {_describe(source)}", echo=echo) as task:
+        graph = import_model(source, example_inputs)
+        task.finish(f"{len(graph.nodes)} nodes, {len(graph.initializers)} initializers")
     timings: dict[str, Any] = {"import_s": round(time.perf_counter() - started, 3)}
-    log(f"imported {len(graph.nodes)} nodes, {len(graph.initializers)} initializers in {timings['import_s']:.1f} s")
-    batches = check_calibration(graph, calibration)
-    reference = graph.clone() if batches and (opts.quant or opts.sparsity) else None
+    batches, held_out, split = evaluation_split(check_calibration(graph, calibration),
+                                                check_calibration(graph, evaluation, what="evaluation"))
     rounding = _sixteen_bit_error(graph, opts.quant) if storage_note is not None else None
 
     report = Report({"report_version": REPORT_VERSION, "source": _describe(source),
                      "options": _options_dict(opts), "model": summarize(graph).to_dict()})
-    ctx = PassContext(options=opts, target=target, calibration=batches, log=log)
-    records = run_passes(graph, build_pipeline(opts), ctx)
+    ctx = PassContext(options=opts, target=target, calibration=batches, log=echo)
+    pipeline = build_pipeline(opts)
+    lossy = next((i for i, p in enumerate(pipeline) if not p.exact), len(pipeline))
+    records = run_passes(graph, pipeline[:lossy], ctx)
+    # The reference: the graph after the exact passes (cleanup, fuse-qkv), so that every weight
+    # the lossy ones rewrite, a fused one too, has a same-named float MatMul to compare with.
+    reference = graph.clone() if held_out and lossy < len(pipeline) else None
+    records += run_passes(graph, pipeline[lossy:], ctx, history=[r.name for r in records])
     # Wall-clock figures go to timings.json, so report.json is byte-identical across runs.
     report.data["passes"] = [{k: v for k, v in r.to_dict().items() if k != "seconds"} for r in records]
     timings["passes_s"] = {f"{i}:{r.name}": round(r.seconds, 4) for i, r in enumerate(records)}
@@ -192,19 +226,20 @@ def compile(  # noqa: A001 - the public verb is `aviatorc.compile`
     if storage_note is not None:
         if rounding is not None:
             storage_note += (f"; measured: the worst weight's relative RMS rounding error is {rounding:.2e}"
-                             + ("" if batches else " (pass calibration data for the end-to-end accuracy)"))
+                             + ("" if held_out else " (pass calibration data for the end-to-end accuracy)"))
         report.data["weights"]["storage_note"] = storage_note
     if reference is not None:
         from aviatorc.accuracy import accuracy_report
 
-        log("measuring accuracy against the fp32 model")
-        report.data["accuracy"] = accuracy_report(reference, graph, batches or [])
-    placement, plan = _place_and_schedule(graph, target, opts, time_limit_s, report, timings, log)
+        with stage(_logger, f"measuring accuracy against the fp32 model on {len(held_out or [])} batch(es): "
+                   f"{split.note}", echo=echo):
+            report.data["accuracy"] = accuracy_report(reference, graph, held_out or []) | {"data": split.to_dict()}
+    placement, plan = _place_and_schedule(graph, target, opts, time_limit_s, report, timings, echo)
     return CompileResult(graph, report, opts, placement, plan, target, timings)
 
 
 def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_limit_s: float, report: Report,
-                        timings: dict[str, Any], log: Callable[[str], None]) -> tuple[Any, Any]:
+                        timings: dict[str, Any], echo: Callable[[str], None] | None) -> tuple[Any, Any]:
     """Memory plan, partition, schedule and check: the placement and the plan."""
     import hashlib
 
@@ -220,17 +255,18 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
     tiles = make_problem(weights, target, chiplets=allowed).tiles
     memory = plan_memory(model_facts(graph, tiles), tiles, target, workload, chiplets=allowed, kv=opts.kv_cache,
                          kv_dtype=opts.kv_dtype)
-    log(f"partitioning onto {target.name} ({target.num_chiplets} chiplets)")
-    placement = partition(weights, target, time_limit_s=time_limit_s, seed=opts.seed,
-                          reserve_bytes=memory.reserve_bytes, chiplets=allowed, solver=opts.solver)
+    with stage(_logger, f"partitioning onto {target.name} ({len(allowed)} chiplets)", echo=echo) as task:
+        placement = partition(weights, target, time_limit_s=time_limit_s, seed=opts.seed,
+                              reserve_bytes=memory.reserve_bytes, chiplets=allowed, solver=opts.solver)
+        task.finish(f"{placement.status}, {placement.gap:.2%} above the lower bound")
     report.data["placement"] = {k: v for k, v in placement.to_dict().items() if k != "solve_time_s"}
     timings["partition_s"] = placement.solve_time_s
-    log(f"scheduling decode (batch {workload.batch}, context {workload.context}) and prefill "
-        f"(prompt {workload.prompt})")
     started = time.perf_counter()
-    plan = schedule(graph, placement, weights, target, workload, memory, chiplets=allowed, prefetch=opts.prefetch,
-                    target_sha256=hashlib.sha256(target.to_toml().encode()).hexdigest())
-    check_plan(plan, target)  # independent of the scheduler: a failure here is an aviatorc bug
+    with stage(_logger, f"scheduling decode (batch {workload.batch}, context {workload.context}) and prefill "
+               f"(prompt {workload.prompt})", echo=echo):
+        plan = schedule(graph, placement, weights, target, workload, memory, chiplets=allowed, prefetch=opts.prefetch,
+                        target_sha256=hashlib.sha256(target.to_toml().encode()).hexdigest())
+        check_plan(plan, target)  # independent of the scheduler: a failure here is an aviatorc bug
     timings["schedule_s"] = round(time.perf_counter() - started, 3)
     report.data["plan"] = {"memory": plan.memory, "prediction": plan.prediction, "notes": plan.notes,
                            "instructions": {phase: p.count() for phase, p in sorted(plan.programs.items())}}
@@ -257,8 +293,9 @@ def _load_target(opts: CompileOptions) -> Any:
     return load_target(opts.target or DEFAULT_TARGET, cards=opts.cards)
 
 
-def check_calibration(graph: Graph, batches: Iterable[Mapping[str, Any]] | None) -> list[dict[str, np.ndarray]] | None:
-    """Calibration batches as checked feed dicts; a mismatch names the batch and the input."""
+def check_calibration(graph: Graph, batches: Iterable[Mapping[str, Any]] | None, *,
+                      what: str = "calibration") -> list[dict[str, np.ndarray]] | None:
+    """Calibration (or evaluation) batches as checked feed dicts; a mismatch names the batch and the input."""
     if batches is None:
         return None
     checked = []
@@ -266,26 +303,59 @@ def check_calibration(graph: Graph, batches: Iterable[Mapping[str, Any]] | None)
         try:
             checked.append(check_feeds(graph, batch))
         except AviatorError as error:
-            raise OptionError(f"calibration batch {index} does not match the model: {error.message}",
+            raise OptionError(f"{what} batch {index} does not match the model: {error.message}",
                               hint=error.hint) from None
     if not checked:
-        raise OptionError("calibration data holds no batches")
+        raise OptionError(f"{what} data holds no batches")
     return checked
 
 
-def load_calibration_npz(path: str | os.PathLike[str]) -> list[dict[str, np.ndarray]]:
-    """Calibration batches from an .npz file: each key is an input name, its first axis indexes batches."""
+@dataclass(frozen=True)
+class EvaluationSplit:
+    """Which batches the accuracy figures come from, for the report."""
+
+    held_out: bool  # False: measured on data calibration saw
+    batches: int
+    note: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"held_out": self.held_out, "batches": self.batches, "note": self.note}
+
+
+def evaluation_split(calibration: list[dict[str, np.ndarray]] | None, evaluation: list[dict[str, np.ndarray]] | None
+                     ) -> tuple[list[dict[str, np.ndarray]] | None, list[dict[str, np.ndarray]] | None, EvaluationSplit]:
+    """(batches to calibrate on, batches to measure accuracy on, how they were chosen).
+
+    Accuracy measured on the calibration data itself flatters a calibrated method (GPTQ fits
+    those very activations), so without evaluation batches the last quarter of the calibration
+    batches (at least one) is held out of calibration; a single batch can only be in-sample."""
+    if evaluation is not None:
+        return calibration, evaluation, EvaluationSplit(True, len(evaluation), "evaluation batches given apart "
+                                                        "from calibration")
+    if not calibration:
+        return calibration, None, EvaluationSplit(False, 0, "no data")
+    if len(calibration) == 1:
+        return calibration, calibration, EvaluationSplit(False, 1, "in-sample: the only calibration batch (give "
+                                                         "evaluation batches, --eval, for a held-out figure)")
+    held = max(1, len(calibration) // 4)
+    return calibration[:-held], calibration[-held:], EvaluationSplit(
+        True, held, f"the last {held} of {len(calibration)} calibration batches, held out of calibration")
+
+
+def load_calibration_npz(path: str | os.PathLike[str], *, what: str = "calibration") -> list[dict[str, np.ndarray]]:
+    """Calibration (or evaluation) batches from an .npz file: each key is an input name, its first
+    axis indexes batches."""
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {key: data[key] for key in data.files}
     except (OSError, ValueError) as error:
-        raise OptionError(f"cannot read calibration data: {error}", file=str(path)) from None
+        raise OptionError(f"cannot read {what} data: {error}", file=str(path)) from None
     if not arrays:
-        raise OptionError("calibration file holds no arrays", file=str(path))
+        raise OptionError(f"{what} file holds no arrays", file=str(path))
     counts = {key: a.shape[0] if a.ndim else 0 for key, a in arrays.items()}
     if len(set(counts.values())) != 1 or 0 in counts.values():
-        raise OptionError(f"calibration arrays disagree on the number of batches (first axis): {counts}",
+        raise OptionError(f"{what} arrays disagree on the number of batches (first axis): {counts}",
                           file=str(path))
     n = next(iter(counts.values()))
     return [{key: a[i] for key, a in arrays.items()} for i in range(n)]

@@ -87,9 +87,15 @@ class CompileOptions:
             raise OptionError(f"unknown partition solver '{self.solver}'", hint=f"choose one of {', '.join(SOLVER_CHOICES)}")
         if self.kv_dtype not in KV_DTYPE_CHOICES:
             raise OptionError(f"unknown KV cache type '{self.kv_dtype}'", hint=f"choose one of {', '.join(KV_DTYPE_CHOICES)}")
-        if self.cards is not None and self.cards < 1:
-            raise OptionError(f"cards (--cards) must be at least 1, got {self.cards}")
+        check_cards(self.cards)
         object.__setattr__(self, "chiplets", parse_chiplets(self.chiplets))
+
+
+def check_cards(cards: object) -> None:
+    """A card count (`--cards`, `cards=`) is None or a whole number of at least 1: the one check
+    `compile` and `target show` share, so both word a bad count the same way."""
+    if cards is not None and (isinstance(cards, bool) or not isinstance(cards, int) or cards < 1):
+        raise OptionError(f"cards (--cards) must be at least 1, got {cards!r}")
 
 
 def parse_chiplets(spec: str | Iterable[int] | None, num_chiplets: int | None = None) -> tuple[int, ...] | None:
@@ -125,13 +131,13 @@ def parse_chiplets(spec: str | Iterable[int] | None, num_chiplets: int | None = 
     chosen = tuple(sorted(ids))
     if num_chiplets is not None and chosen[-1] >= num_chiplets:
         outside = [c for c in chosen if c >= num_chiplets]
-        raise OptionError(f"chiplets (--chiplets) {_ranges(outside)} not on the target, which has chiplets "
+        raise OptionError(f"chiplets (--chiplets) {format_chiplets(outside)} not on the target, which has chiplets "
                           f"0-{num_chiplets - 1}", hint=f"choose ids below {num_chiplets}, or more cards (--cards)")
     return chosen
 
 
-def _ranges(ids: Sequence[int]) -> str:
-    """[0, 1, 2, 5] -> "0-2,5"."""
+def format_chiplets(ids: Sequence[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5": the form `parse_chiplets` reads."""
     runs: list[list[int]] = []
     for c in ids:
         if runs and c == runs[-1][1] + 1:

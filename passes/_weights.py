@@ -12,6 +12,7 @@ integer format) is left alone with a note saying why.
 from __future__ import annotations
 
 import fnmatch
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,9 +21,12 @@ from aviatorc.passes.manager import Note, PassContext
 
 from aviatorc.formats import WeightFormat
 from aviatorc.ir import ArrayData, Graph, Node, ShapeOnly, TensorType, Value, add_value
+from aviatorc.progress import stage
 from aviatorc.quant.calibration import ActivationStats, check_batches
 from aviatorc.quant.rtn import PackedWeight, dequantize, expand_24, packed_layout, stored_rows, unpack_bits_k
 from aviatorc.quant.sequential import calibrate_sequentially
+
+_logger = logging.getLogger("aviatorc.passes.weights")
 
 FLOAT_KINDS = ("fp32", "fp16", "bf16")
 
@@ -239,12 +243,16 @@ def rewrite_by_stage(graph: Graph, ctx: PassContext, weights: list[LinearWeight]
     stages = calibration_stages(graph, calibrated) if calibrated else []
     if stages:
         batches = check_batches(graph, ctx.calibration)
-        ctx.log(f"{label}: sequential calibration of {len(calibrated)} weight(s) in {len(stages)} "
-                f"stage(s) on {len(batches)} batch(es)")
+        ctx.note(f"{label}: sequential calibration of {len(calibrated)} weight(s) in {len(stages)} "
+                 f"stage(s) on {len(batches)} batch(es)")
         inputs = [[mm.input(0).name for lw in stage for mm in lw.matmuls] for stage in stages]
-        run = calibrate_sequentially(graph, batches, inputs, lambda index, stats: rewrite(stages[index], stats),
-                                     hessian=hessian, reference=reference)
-        ctx.log(f"{label}: {run.evaluations} node evaluations per batch for {len(graph.nodes)} nodes"
-                + (f", {run.reference_evaluations} in the unrewritten graph" if reference is not None and hessian else ""))
+        with stage(_logger, f"{label}: calibrating", total=len(stages)) as task:
+            def rewrite_stage(index: int, stats: dict[str, ActivationStats]) -> None:
+                rewrite(stages[index], stats)
+                task.advance(detail=f"stage {index + 1} of {len(stages)}")
+
+            run = calibrate_sequentially(graph, batches, inputs, rewrite_stage, hessian=hessian, reference=reference)
+        ctx.note(f"{label}: {run.evaluations} node evaluations per batch for {len(graph.nodes)} nodes"
+                 + (f", {run.reference_evaluations} in the unrewritten graph" if reference is not None and hessian else ""))
     rewrite([lw for lw in weights if lw not in calibrated], {})
 

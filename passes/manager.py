@@ -9,6 +9,7 @@ the graph after it, prints the IR after a change when asked, and wraps a failure
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,9 @@ from typing import Any, ClassVar
 from aviatorc.errors import AviatorError, OptionError, PassError, VerificationError
 from aviatorc.ir import Graph, print_graph, verify
 from aviatorc.options import CompileOptions
+from aviatorc.progress import stage
+
+_logger = logging.getLogger("aviatorc.passes")
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,15 @@ class PassContext:
     options: CompileOptions = field(default_factory=CompileOptions)
     target: Any = None  # aviatorc.target.Target when one is given
     calibration: list[dict[str, Any]] | None = None
-    log: Callable[[str], None] = lambda text: None  # progress and --print-ir-after-change output
+    # Each progress line (also logged) and the IR that print_ir_after_change prints (to stdout
+    # when no callback is given: the option asks for it to be printed).
+    log: Callable[[str], None] | None = None
+
+    def note(self, text: str) -> None:
+        """A progress line from a pass: logged at INFO and handed to `log`."""
+        _logger.info(text)
+        if self.log is not None:
+            self.log(text)
 
 
 class Pass:
@@ -52,6 +64,10 @@ class Pass:
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
+    # Whether the graph computes the same function after the pass, up to float rounding. The
+    # compiler's accuracy reference is the graph after the exact passes, so that a lossy pass's
+    # every rewritten weight (a fused one included) has a same-named float node to compare with.
+    exact: ClassVar[bool] = True
 
     def requires(self, graph: Graph, ctx: PassContext) -> None:
         """Raise an AviatorError when the pass cannot run on this graph with these options."""
@@ -119,18 +135,22 @@ class PassRecord:
                 "stats": self.stats, "notes": list(self.notes)}
 
 
-def run_passes(graph: Graph, passes: Sequence[Pass] | Iterable[Pass], ctx: PassContext) -> list[PassRecord]:
-    """Run passes in order, verifying after each; return a record per pass."""
+def run_passes(graph: Graph, passes: Sequence[Pass] | Iterable[Pass], ctx: PassContext, *,
+               history: Sequence[str] = ()) -> list[PassRecord]:
+    """Run passes in order, verifying after each; return a record per pass. `history`: the
+    passes that ran on the graph before these (an error names them too)."""
     records: list[PassRecord] = []
-    history: list[str] = []
+    history = list(history)
     for p in passes:
         before = len(graph.nodes)
         start = time.perf_counter()
         try:
-            p.requires(graph, ctx)
-            result = p.run(graph, ctx)
-            p.ensures(graph, ctx)
-            verify(graph)
+            with stage(_logger, f"pass {p.name}") as task:
+                p.requires(graph, ctx)
+                result = p.run(graph, ctx)
+                p.ensures(graph, ctx)
+                verify(graph)
+                task.finish("changed" if result.changed else "no change")
         except VerificationError as error:
             raise PassError(f"left the graph invalid: {error}", pass_name=p.name, history=history,
                             node=error.node, op=error.op) from error
@@ -142,7 +162,8 @@ def run_passes(graph: Graph, passes: Sequence[Pass] | Iterable[Pass], ctx: PassC
         records.append(PassRecord(p.name, seconds, result.changed, before, len(graph.nodes), dict(result.stats),
                                   tuple(str(n) for n in result.notes)))
         history.append(p.name)
-        ctx.log(f"{p.name}: {'changed' if result.changed else 'no change'} in {seconds:.2f} s")
+        if ctx.log is not None:  # logging has the line already: the stage's end
+            ctx.log(f"{p.name}: {'changed' if result.changed else 'no change'} in {seconds:.2f} s")
         if result.changed and ctx.options.print_ir_after_change:
-            ctx.log(f"// IR after {p.name}\n{print_graph(graph)}")
+            (ctx.log or print)(f"// IR after {p.name}\n{print_graph(graph)}")
     return records

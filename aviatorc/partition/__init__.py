@@ -11,6 +11,7 @@ See docs/partition.md.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -30,7 +31,10 @@ from aviatorc.partition.problem import (
     resolve_chiplets,
 )
 from aviatorc.partition.tiling import Tile, WeightSpec, tile_weights
+from aviatorc.progress import Stage, stage
 from aviatorc.target import Target
+
+_logger = logging.getLogger("aviatorc.partition")
 
 __all__ = ["LayerSolve", "Placement", "PlacementCheckError", "Problem", "SolveBudget", "Tile", "WeightSpec",
            "make_problem", "partition", "solve_budget"]
@@ -124,16 +128,25 @@ def partition(weights: list[WeightSpec], target: Target, *, time_limit_s: float 
                            reserve_bytes=reserve_bytes, chiplets=allowed)
     budget = solve_budget(time_limit_s)
     warnings: list[str] = []
+    task: Stage | None = None  # the CP-SAT stage's progress, while it runs
 
     def solve(prob: Problem, tiles: list[int], free: list[int], hint: list[int]) -> tuple[list[int] | None, str]:
         chiplets = _neighbourhood(prob, tiles, hint)
         if len(tiles) * len(chiplets) > MAX_SOLVER_BOOLEANS:
             return None, "skipped"
+        layer = prob.tiles[tiles[0]].layer
+
+        def on_solution(objective_ps: int, bound_ps: float) -> None:
+            if task is not None:  # CP-SAT's objective for the layer (solve_layer's, see cpsat.py) and its gap
+                gap = (objective_ps - bound_ps) / abs(objective_ps) if objective_ps else 0.0
+                task.update(detail=f"layer {layer}: best {objective_ps / 1e6:,.3f} us, gap {gap:.1%}")
+
         result = solve_layer(prob, tiles, free, hint, seed=seed, deterministic_time=budget.deterministic_time_per_solve,
                              wall_limit_s=budget.wall_limit_per_solve_s, deterministic=deterministic,
-                             chiplets=chiplets)
+                             chiplets=chiplets, on_solution=on_solution)
+        if task is not None:
+            task.advance()
         if result.wall_limited:
-            layer = prob.tiles[tiles[0]].layer
             warnings.append(f"layer {layer}: CP-SAT stopped by its wall-clock safety net "
                             f"({budget.wall_limit_per_solve_s:.0f} s) before its deterministic budget, "
                             "so this result depends on timing")
@@ -143,7 +156,9 @@ def partition(weights: list[WeightSpec], target: Target, *, time_limit_s: float 
     if solver == "greedy":
         solved = greedy
     else:
-        solved = place_layers(problem, solve, max_solves=budget.max_solves, wall_limit_s=budget.wall_limit_s)
+        with stage(_logger, "CP-SAT layer solves", total=budget.max_solves) as task:
+            solved = place_layers(problem, solve, max_solves=budget.max_solves, wall_limit_s=budget.wall_limit_s)
+            task.finish(f"{len(solved.statuses)} solved")
     warnings += solved.warnings
     best = solved if solved.cost_ps < greedy.cost_ps else greedy
     if best is solved and solved.statuses and any(m.startswith("cpsat") for m in (s.method for s in solved.solves)):

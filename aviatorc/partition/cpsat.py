@@ -19,8 +19,9 @@ does fire, the result says so (`wall_limited`) and the partitioner records a war
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from aviatorc.partition.problem import Problem
 
@@ -37,9 +38,13 @@ class SolveResult:
 
 def solve_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[int], hint: Sequence[int], *,
                 seed: int = 0, deterministic_time: float = 2.0, wall_limit_s: float = 30.0,
-                deterministic: bool = True, chiplets: Sequence[int] | None = None) -> SolveResult:
+                deterministic: bool = True, chiplets: Sequence[int] | None = None,
+                on_solution: Callable[[int, float], None] | None = None) -> SolveResult:
     """Improve on `hint` for `tiles`; with `chiplets`, tiles may only be resident on those
-    (a neighbourhood of the hint: it must hold every chiplet the hint uses)."""
+    (a neighbourhood of the hint: it must hold every chiplet the hint uses).
+
+    `on_solution(objective_ps, best_bound_ps)` is called at each solution CP-SAT finds (progress:
+    the current best and its gap). It only observes: the search is the same with or without it."""
     from ortools.sat.python import cp_model
 
     # -- data ----------------------------------------------------------------------------------
@@ -121,7 +126,7 @@ def solve_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[int
     # Symmetry detection alone spent the whole deterministic budget on 64-chiplet layers (and
     # then returned UNKNOWN); the hint is complete, so search from it instead.
     params.symmetry_level = 0
-    code = solver.solve(model)
+    code = solver.solve(model, _observer(on_solution) if on_solution is not None else None)
     status = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
               cp_model.INFEASIBLE: "infeasible"}.get(code, "unknown")
     # Stopped before its deterministic budget and before proving optimality: the wall clock did it.
@@ -137,6 +142,18 @@ def solve_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[int
         where[t] = chosen[0] if chosen else num_c + next(h for h in cards if solver.value(s[t, h]))
     return SolveResult(where, status, round(solver.objective_value), solver.best_objective_bound, solver.wall_time,
                        wall_limited)
+
+
+def _observer(callback: Callable[[int, float], None]) -> Any:
+    """A solution callback handing each solution's objective and CP-SAT's best bound to `callback`
+    (its class is made here: ortools is imported only when solving)."""
+    from ortools.sat.python import cp_model
+
+    class Observer(cp_model.CpSolverSolutionCallback):  # type: ignore[misc]
+        def on_solution_callback(self) -> None:
+            callback(round(self.objective_value), self.best_objective_bound)
+
+    return Observer()
 
 
 def _hint(model, problem, tiles, groups, chiplets, hint, x, s, u, p, q, y, max_load, max_stream) -> None:  # type: ignore[no-untyped-def]

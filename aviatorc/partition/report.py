@@ -1,16 +1,22 @@
 """The placement as a terminal table (rich) and as the `placement` section of report.json.
 
 `render_table(placement)` shows the summary (status, objective, greedy, bound, gap, solve
-time, resident and streamed bytes, cut traffic), then one row per chiplet (bytes and
-utilization of its SRAM) and the layers grouped into runs with the same tile counts.
+time, resident and streamed bytes, cut traffic), then one row per chiplet that holds weights
+(bytes and utilization of its SRAM) and one row for all the empty ones, and the layers grouped
+into runs with the same tile counts. `weights.py` numbers the weights before the first block
+-1 and a head after the last block N: they are shown as the embedding and the head.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from aviatorc.options import format_chiplets
 from aviatorc.partition.feasibility import human_bytes
 from aviatorc.partition.placement import Placement
+
+# What the lower bound leaves out (docs/partition.md: most of the gap on SRAM-resident models).
+BOUND_LEAVES_OUT = "the bound leaves out collecting outputs and the hand-offs between layers"
 
 
 def placement_dict(placement: Placement) -> dict[str, Any]:
@@ -32,7 +38,7 @@ def render_table(placement: Placement) -> Any:
     table.add_column("detail")
     table.add_row("objective / step", _us(p.objective_ps), "compute + LPDDR streaming + activation transfers")
     table.add_row("greedy", _us(p.greedy_objective_ps), f"solver {p.improvement_over_greedy:.2%} better")
-    table.add_row("lower bound", _us(p.bound_ps), f"gap {p.gap:.2%}")
+    table.add_row("lower bound", _us(p.bound_ps), f"gap {p.gap:.2%}; {BOUND_LEAVES_OUT}")
     table.add_row("solve time", f"{p.solve_time_s:.1f} s", f"seed {p.seed}")
     for warning in p.warnings:
         table.add_row("warning", "timing", warning)
@@ -42,21 +48,45 @@ def render_table(placement: Placement) -> Any:
                   f"{human_bytes(p.min_streamed_read_bytes)})")
     for level, nbytes in p.cut_bytes_by_level:
         table.add_row(f"cut: {level}", human_bytes(nbytes), "activation bytes per step")
-    used = [b for b in p.chiplet_bytes]
-    for c, nbytes in enumerate(used):
-        card, rest = divmod(c, max(1, p.num_chiplets // max(1, p.num_cards)))
-        table.add_row(f"chiplet {c} (card {card})", human_bytes(nbytes), f"{nbytes / p.chiplet_sram_bytes:.1%} of SRAM")
-    for first, last, (resident, streamed) in _layer_runs(p):
-        name = f"layer {first}" if first == last else f"layers {first}..{last}"
+    per_card = max(1, p.num_chiplets // max(1, p.num_cards))
+    empty = [c for c, nbytes in enumerate(p.chiplet_bytes) if nbytes == 0]
+    for c, nbytes in enumerate(p.chiplet_bytes):
+        if nbytes:
+            table.add_row(f"chiplet {c} (card {c // per_card})", human_bytes(nbytes),
+                          f"{nbytes / p.chiplet_sram_bytes:.1%} of SRAM")
+    if empty:  # one row, not 29 rows of 0 B
+        table.add_row(f"{len(empty)} empty chiplet{'s' if len(empty) > 1 else ''}", "0 B",
+                      f"chiplets {format_chiplets(empty)}")
+    for name, (resident, streamed) in layer_runs(p):
         table.add_row(name, f"{resident} + {streamed}", "tiles resident + streamed, each")
     return table
 
 
-def _layer_runs(p: Placement) -> list[tuple[int, int, tuple[int, int]]]:
+def layer_runs(p: Placement) -> list[tuple[str, tuple[int, int]]]:
+    """(name, (resident, streamed) tiles per layer) for runs of consecutive layers with the same
+    counts: "layers 0..31", with the embedding and the head named and never merged into a run."""
+    roles: dict[int, set[str]] = {}
+    for tile in p.tiles:
+        roles.setdefault(tile.layer, set()).add(tile.role)
+    numbered = [layer for layer in roles if layer >= 0]
     runs: list[tuple[int, int, tuple[int, int]]] = []
     for layer, counts in p.tiles_per_layer().items():
-        if runs and runs[-1][2] == counts and runs[-1][1] == layer - 1:
+        special = layer_name(layer, roles[layer], numbered) != f"layer {layer}"
+        previous_special = runs and layer_name(runs[-1][1], roles[runs[-1][1]], numbered) != f"layer {runs[-1][1]}"
+        if runs and not special and not previous_special and runs[-1][2] == counts and runs[-1][1] == layer - 1:
             runs[-1] = (runs[-1][0], layer, counts)
         else:
             runs.append((layer, layer, counts))
-    return runs
+    return [(layer_name(first, roles[first], numbered) if first == last else f"layers {first}..{last}", counts)
+            for first, last, counts in runs]
+
+
+def layer_name(layer: int, roles: set[str], numbered: list[int]) -> str:
+    """The embedding (layer -1), the head (the last layer, after the blocks), or "layer N"."""
+    if layer == -1:
+        if roles == {"embedding"}:
+            return "embedding"
+        return f"before layer 0 ({', '.join(sorted(roles))})" if numbered else "weights outside any layer"
+    if roles == {"lm_head"} and layer == max(numbered) and len(numbered) > 1:
+        return "head"
+    return f"layer {layer}"

@@ -10,6 +10,8 @@
       target.toml          the resolved target description (its sha256 is in plan.json)
       report.json          what the compile measured
       trace.json           the simulated decode step, Chrome trace / Perfetto JSON
+      report.html          the report as one self-contained page (`aviatorc.report`), rendered
+                           from the files above: no timestamp, so it is deterministic too
 
 No pickle anywhere: JSON, TOML, text and safetensors. The same inputs and options give the
 same bytes: keys are sorted, nothing records a time or an absolute path. The directory is
@@ -45,7 +47,7 @@ MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
 # Files an artifact may hold: an existing folder holding only these is an earlier artifact.
 KNOWN_FILES = frozenset({MANIFEST, "plan.json", WEIGHTS, "graph.ir", "target.toml", "report.json", "trace.json",
-                         "timings.json"})
+                         "report.html", "timings.json"})
 _REQUIRED = ("plan.json", "graph.ir", "target.toml", "report.json")
 _BF16 = "bfloat16"
 

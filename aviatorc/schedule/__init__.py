@@ -12,6 +12,7 @@ program per phase (`build.py`), its discrete-event simulation (`simulate.py`), t
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 
@@ -21,6 +22,7 @@ from aviatorc.partition.placement import Placement
 from aviatorc.partition.tiling import WeightSpec
 from aviatorc.plan.ir import Program, Workload
 from aviatorc.plan.plan import Plan
+from aviatorc.progress import stage
 from aviatorc.schedule.bound import Bound, physical_bound
 from aviatorc.schedule.build import build_program
 from aviatorc.schedule.cold import cold_start
@@ -31,6 +33,8 @@ from aviatorc.target import Target
 
 __all__ = ["MemoryPlan", "ModelFacts", "Plan", "SimulationError", "Timeline", "Workload", "model_facts",
            "plan_memory", "schedule", "simulate"]
+
+_logger = logging.getLogger("aviatorc.schedule")
 
 SWEEP_BATCHES = (1, 4, 16, 64)
 SWEEP_CONTEXTS = (512, 2048, 8192, 32768)
@@ -44,8 +48,9 @@ def schedule(graph: Graph, placement: Placement, weights: Sequence[WeightSpec], 
     allowed = tuple(sorted(chiplets if chiplets is not None else range(target.num_chiplets)))
     programs = {phase: build_program(facts, placement, target, memory, workload, phase, chiplets=allowed,
                                      prefetch=prefetch) for phase in ("decode", "prefill")}
-    decode = simulate(programs["decode"], target)  # recorded: the artifact's trace.json
-    prefill = simulate(programs["prefill"], target, record=False)
+    with stage(_logger, "simulating decode and prefill"):
+        decode = simulate(programs["decode"], target)  # recorded: the artifact's trace.json
+        prefill = simulate(programs["prefill"], target, record=False)
     chunks = math.ceil(workload.tokens("prefill") / memory.prefill_chunk_tokens)
     ttft = prefill.makespan_s * chunks
     bound = _bound(weights, target, workload, memory, facts, allowed)
@@ -102,26 +107,32 @@ def _sweep(facts: ModelFacts, placement: Placement, weights: Sequence[WeightSpec
     this placement: a point whose KV cache outgrows the SRAM the compile reserved streams it."""
     points = sorted({(b, workload.context) for b in SWEEP_BATCHES} | {(workload.batch, t) for t in SWEEP_CONTEXTS})
     out = []
-    for batch, context in points:
-        load = Workload(batch, context, workload.prompt)
-        try:
-            trial = plan_memory(facts, placement.tiles, target, load, chiplets=allowed, kv="lpddr",
-                                kv_dtype=memory.kv.dtype)
-        except InfeasibleError as error:  # this point's activations or staging do not fit beside the weights
-            out.append({"batch": batch, "context": context, "fits": False, "reason": error.message})
-            continue
-        if any(t > m for t, m in zip(trial.reserve_bytes, memory.reserve_bytes, strict=True)):
-            out.append({"batch": batch, "context": context, "fits": False,
-                        "reason": "needs more SRAM beside the weights than this compile reserved"})
-            continue
-        if memory.kv.location == "sram" and trial.kv.total_bytes <= memory.kv.total_bytes:
-            trial = plan_memory(facts, placement.tiles, target, load, chiplets=allowed, kv="sram",
-                                kv_dtype=memory.kv.dtype)
-        program = build_program(facts, placement, target, trial, load, "decode", chiplets=allowed, prefetch=prefetch)
-        step = simulate(program, target, record=False).makespan_s
-        bound = _bound(weights, target, load, trial, facts, allowed)
-        out.append({"batch": batch, "context": context, "fits": True, "kv_location": trial.kv.location,
-                    "time_per_token_s": step,
-                    "tokens_per_s": batch / step if step else 0.0, "bound_s": bound.token_s,
-                    "efficiency": bound.token_s / step if step else 0.0})
+    with stage(_logger, "simulating the batch and context sweep", total=len(points)) as task:
+        for batch, context in points:
+            out.append(_sweep_point(facts, placement, weights, target, Workload(batch, context, workload.prompt),
+                                    memory, allowed, prefetch))
+            task.advance()
     return out
+
+
+def _sweep_point(facts: ModelFacts, placement: Placement, weights: Sequence[WeightSpec], target: Target,
+                 load: Workload, memory: MemoryPlan, allowed: Sequence[int], prefetch: bool) -> dict[str, object]:
+    batch, context = load.batch, load.context
+    try:
+        trial = plan_memory(facts, placement.tiles, target, load, chiplets=allowed, kv="lpddr",
+                            kv_dtype=memory.kv.dtype)
+    except InfeasibleError as error:  # this point's activations or staging do not fit beside the weights
+        return {"batch": batch, "context": context, "fits": False, "reason": error.message}
+    if any(t > m for t, m in zip(trial.reserve_bytes, memory.reserve_bytes, strict=True)):
+        return {"batch": batch, "context": context, "fits": False,
+                "reason": "needs more SRAM beside the weights than this compile reserved"}
+    if memory.kv.location == "sram" and trial.kv.total_bytes <= memory.kv.total_bytes:
+        trial = plan_memory(facts, placement.tiles, target, load, chiplets=allowed, kv="sram",
+                            kv_dtype=memory.kv.dtype)
+    program = build_program(facts, placement, target, trial, load, "decode", chiplets=allowed, prefetch=prefetch)
+    step = simulate(program, target, record=False).makespan_s
+    bound = _bound(weights, target, load, trial, facts, allowed)
+    return {"batch": batch, "context": context, "fits": True, "kv_location": trial.kv.location,
+            "time_per_token_s": step,
+            "tokens_per_s": batch / step if step else 0.0, "bound_s": bound.token_s,
+            "efficiency": bound.token_s / step if step else 0.0}

@@ -17,8 +17,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from aviatorc.errors import OptionError, TargetError
+from aviatorc.errors import TargetError
 from aviatorc.formats import KINDS
+from aviatorc.options import check_cards
 from aviatorc.target.spec import LINK_LEVELS, SCHEMA_VERSION, ChipletSpec, LinkLevel, Target
 
 # The schema: table -> key -> kind. Kinds: "int", "float" (ints accepted), "str", "strlist",
@@ -63,9 +64,7 @@ def list_targets() -> list[str]:
 
 def load_target(name_or_path: str | Path, *, cards: int | None = None, overrides: dict[str, Any] | None = None) -> Target:
     """A checked `Target` from a shipped name or a TOML path, with `--cards` and overrides applied."""
-    if cards is not None and (isinstance(cards, bool) or not isinstance(cards, int) or cards < 1):
-        # worded as `compile` words it; the option is the user's, not the description file's
-        raise OptionError(f"cards (--cards) must be at least 1, got {cards!r}")
+    check_cards(cards)  # the option is the user's, not the description file's: no TOML path in the error
     path = _locate(name_or_path)
     data = _read_merged(path, seen=())
     source = str(path)

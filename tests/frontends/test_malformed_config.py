@@ -179,3 +179,61 @@ def test_any_value_of_a_shape_field_is_checked_or_refused(field, value) -> None:
         assert isinstance(value, expected)
         if spec.kind in ("int", "number"):
             assert not isinstance(value, bool) and spec.low <= value <= spec.high
+
+
+# -- issue 10, item 6: sizes from defaults are warned about; an encoder-decoder is refused ----
+
+
+def test_sizes_left_to_the_defaults_are_warned_about_with_the_values_used(tmp_path, caplog) -> None:
+    # Before: {"model_type": "llama"} alone silently became a 6.7B model; here one field is left out.
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({k: v for k, v in LLAMA.items() if k != "intermediate_size"}))
+    with caplog.at_level("WARNING", logger="aviatorc"):
+        import_hf_config(path)
+    (record,) = [r for r in caplog.records if r.name == "aviatorc.frontends.hf_config"]
+    assert record.levelname == "WARNING"
+    count = 128 * 64 * 2 + 2 * (64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 11008 + 2 * 64) + 64
+    assert record.getMessage() == (
+        f"{path}: the config does not set intermediate_size, so transformers' defaults for 'llama' are used "
+        f"(intermediate_size 11,008): a {count:,}-parameter model; set them to plan the model you mean")
+
+
+def test_a_config_that_sets_every_size_gets_no_warning(tmp_path, caplog) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(GPT2))  # GPT-2's own field names (n_embd, n_layer, n_head): nothing defaulted
+    with caplog.at_level("WARNING", logger="aviatorc"):
+        import_hf_config(path)
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("aviatorc")] == []
+
+
+def test_defaulted_sizes_names_every_size_of_a_bare_model_type() -> None:
+    from transformers import LlamaConfig
+
+    assert hf_config.defaulted_sizes({"model_type": "llama"}, LlamaConfig) == {
+        "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "intermediate_size": 11008,
+        "vocab_size": 32000}
+
+
+T5 = {"model_type": "t5", "is_encoder_decoder": True, "d_model": 64, "num_layers": 2, "num_heads": 2, "d_ff": 128,
+      "d_kv": 32, "vocab_size": 100}
+
+
+@pytest.mark.parametrize("config, name", [
+    (T5, "T5Model"),  # before: "torch.export failed: ValueError: You must specify exactly one of input_ids..."
+    (with_(T5, architectures=["T5ForConditionalGeneration"]), "T5ForConditionalGeneration"),
+])
+def test_an_encoder_decoder_is_not_supported_by_name(tmp_path, config, name) -> None:
+    error = refused(tmp_path, config, UnsupportedModelError)
+    assert error.message == (f"{name} (model_type 't5') is an encoder-decoder architecture, which aviatorc does "
+                             "not support")
+    assert error.fields == {"field": "model_type"}
+    assert error.hint == "aviatorc imports decoder-only (causal LM) and encoder-only models"
+
+
+def test_the_decoder_of_an_encoder_decoder_type_still_imports(tmp_path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "bart", "architectures": ["BartForCausalLM"], "d_model": 64,
+                                "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2,
+                                "decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
+                                "vocab_size": 100}))
+    assert import_hf_config(path).metadata["architecture"] == "BartForCausalLM"

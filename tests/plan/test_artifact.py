@@ -31,8 +31,8 @@ def compiled(zoo_onnx, tmp_path_factory):  # noqa: F811
 def test_two_compiles_of_the_same_input_are_byte_identical(compiled):
     _, out = compiled
     names = sorted(p.name for p in (out / "a.avc").iterdir())
-    assert names == ["graph.ir", "manifest.json", "plan.json", "report.json", "target.toml", "trace.json",
-                     "weights.safetensors"]
+    assert names == ["graph.ir", "manifest.json", "plan.json", "report.html", "report.json", "target.toml",
+                     "trace.json", "weights.safetensors"]
     for name in names:
         assert (out / "a.avc" / name).read_bytes() == (out / "b.avc" / name).read_bytes(), name
 

@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from aviatorc.errors import AviatorError, OptionError
+from aviatorc.progress import stage
+
+_logger = logging.getLogger("aviatorc.frontends.torch")
 
 if TYPE_CHECKING:
     import torch
@@ -100,7 +104,8 @@ def export(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
     if meta:
         args, kwargs = _to_meta(args), _to_meta(kwargs)
     try:
-        with _eval_mode(module), torch.no_grad(), _no_stack_traces():
+        with stage(_logger, f"exporting {type(module).__name__} with torch.export"), _eval_mode(module), \
+                torch.no_grad(), _no_stack_traces():
             return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
     except AviatorError:
         raise

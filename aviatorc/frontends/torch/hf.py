@@ -104,6 +104,7 @@ def import_hf_config(path: str | Path, *, shape_only: bool = True, seq_len: int 
         model = build_meta_model(config, on_meta=shape_only)
     except AviatorError as error:
         raise error.with_file(str(path)) from None
+    hf_config.warn_defaulted_sizes(config, model, str(path))
     device = "meta" if shape_only else "cpu"
     batch_n = batch if isinstance(batch, int) else EXAMPLE_BATCH
     seq_n = seq_len if isinstance(seq_len, int) else EXAMPLE_SEQ
