@@ -90,6 +90,10 @@ def solve_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[int
         for k in range(target.num_packages):
             model.add_implication(p[g, k], q[g, k // target.packages_per_card])
         model.add_bool_or([q[g, h] for h in range(num_h)]).only_enforce_if(y[g])
+        # y (which earns back one e2) only for a group with a resident tile: without this a fully
+        # streamed group could set y and one free q, and the objective would go below its cost.
+        resident = [var for (t, c), var in x.items() if problem.group_of[t] == g]
+        model.add_bool_or(resident).only_enforce_if(y[g]) if resident else model.add(y[g] == 0)
 
     # -- objective -----------------------------------------------------------------------------
     # Tree edges: (chiplets - packages) * e0 + (packages - cards) * e1 + (cards - 1) * e2, where the

@@ -91,3 +91,18 @@ def test_the_partition_logs_cp_sat_progress_with_objective_and_gap(caplog, monke
     details = [e.detail for e in events if e is not None and e.event == "update" and "best" in e.detail]
     assert details and all(re.fullmatch(r"layer -?\d+: best -?[\d,]+\.\d{3} us, gap [\d,]+\.\d%", d) for d in details)
     assert events[0].description == "CP-SAT layer solves" and events[0].total == 6
+
+
+def test_a_fully_streamed_layer_costs_its_streaming_and_no_less():
+    # No chiplet has room: every tile of the layer streams from the one card. The objective is
+    # then exactly the streaming time; it once went below it (a group could claim the resident
+    # tree's "- 1 card" discount without a resident tile).
+    specs = weights_from_config(_tiny(1), WeightFormat("int8"), embedding_format=WeightFormat("fp16"))
+    target = load_target("corsair", cards=1)
+    problem = make_problem(specs, target)
+    tiles = next(t for t in layer_units(problem) if problem.tiles[t[0]].layer == 0)
+    free = [0] * problem.num_chiplets
+    hint = [problem.num_chiplets] * len(problem.tiles)  # everything streams from card 0
+    result = solve_layer(problem, tiles, free, hint, deterministic_time=0.2)
+    assert result.status == "optimal"
+    assert result.objective_ps == sum(problem.stream_ps[t] for t in tiles)
