@@ -16,13 +16,14 @@ from aviatorc.errors import AviatorError
 
 if TYPE_CHECKING:
     from aviatorc.compiler import CompileResult
+    from aviatorc.exporter import ExportResult
     from aviatorc.ir import Graph
     from aviatorc.plan.artifact import Artifact
     from aviatorc.runtime import Session
 
 __version__ = "0.1.0"
 
-__all__ = ["AviatorError", "Session", "__version__", "compile", "import_model", "load"]
+__all__ = ["AviatorError", "Session", "__version__", "compile", "export", "import_model", "load"]
 
 
 def import_model(source: Any, example_inputs: Any = None, **options: Any) -> Graph:
@@ -46,6 +47,14 @@ def load(path: Any) -> Artifact:
     from aviatorc.plan.artifact import load as _load
 
     return _load(path)
+
+
+def export(artifact: Any, path: Any, *, matmul_nbits: bool = False, **options: Any) -> ExportResult:
+    """Write a compiled artifact (an `Artifact` or its directory) as a standard ONNX file with its exact
+    quantized weights: QDQ, or 4-bit weights as MatMulNBits. See `aviatorc.exporter` and docs/export.md."""
+    from aviatorc.exporter import export as _export
+
+    return _export(artifact, path, matmul_nbits=matmul_nbits, **options)
 
 
 def __getattr__(name: str) -> Any:

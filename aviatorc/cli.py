@@ -4,6 +4,7 @@
     aviatorc compile MODEL -o OUT [--target T] [--cards N] [--quant int8|int4|mxint8|mxint4] ...
     aviatorc run ARTIFACT --inputs feeds.npz [--output out.npz]
     aviatorc report ARTIFACT [-o report.html] [--format html|json|text]
+    aviatorc export ARTIFACT --format onnx -o model.onnx [--matmul-nbits] [--external-data]
     aviatorc generate ARTIFACT --prompt-ids 1,2,3 | --prompt TEXT --tokenizer DIR [--max-new-tokens 32]
     aviatorc serve ARTIFACT [ARTIFACT...] [--host 127.0.0.1] [--port 8000] [--tokenizer DIR] [--draft ARTIFACT]
     aviatorc passes | aviatorc ops | aviatorc target list | aviatorc target show NAME [--resolved]
@@ -182,6 +183,20 @@ def _parser() -> argparse.ArgumentParser:
                    "over time, timeline, accuracy, latency against the bound); json: the same data for machines; "
                    "text: a terminal summary (default: html with -o, text without)")
     p.set_defaults(handler=cmd_report)
+
+    p = sub.add_parser("export", help="write a compiled artifact as a standard ONNX file with its exact quantized "
+                       "weights (for onnxruntime); a decoder with a KV cache also gets genai_config.json")
+    p.add_argument("artifact", help="an artifact directory written by `aviatorc compile`")
+    p.add_argument("-o", "--output", required=True, metavar="MODEL.onnx", help="the ONNX file to write")
+    p.add_argument("--format", choices=("onnx",), default="onnx", help="the interchange format")
+    p.add_argument("--matmul-nbits", action="store_true", help="4-bit weights as com.microsoft.MatMulNBits "
+                   "(default: standard QDQ, blocked DequantizeLinear)")
+    p.add_argument("--external-data", action="store_true", help="weights in MODEL.onnx.data beside the model "
+                   "(default: only when they pass 1 GiB)")
+    p.add_argument("--eos-token-id", type=int, default=0, metavar="ID",
+                   help="the end-of-sequence token for genai_config.json (default: 0; the artifact does not know the "
+                   "tokenizer)")
+    p.set_defaults(handler=cmd_export)
 
     p = sub.add_parser("run", help="run a compiled artifact on inputs from an .npz file (sim device)")
     p.add_argument("artifact", help="an artifact directory written by `aviatorc compile`")
@@ -391,6 +406,23 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 0
     write_file_atomically(Path(args.output), text.encode())
     print(f"wrote {args.output} ({len(text.encode()):,} bytes)")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from aviatorc.exporter import EXTERNAL_DATA_BYTES, export
+
+    result = export(args.artifact, args.output, matmul_nbits=args.matmul_nbits,
+                    external_data_bytes=0 if args.external_data else EXTERNAL_DATA_BYTES,
+                    eos_token_id=args.eos_token_id)
+    formats = ", ".join(f"{name} x{count}" for name, count in result.formats.items()) or "no quantized weights"
+    print(f"wrote {result.path} (opset {result.opset}; weights: {formats}"
+          + (f"; {result.matmul_nbits} MatMulNBits" if args.matmul_nbits else "") + ")")
+    for extra in (result.data_path, result.genai_config):
+        if extra is not None:
+            print(f"wrote {extra}")
+    for note in result.notes:
+        print(f"note: {note}")
     return 0
 
 

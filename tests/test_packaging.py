@@ -41,7 +41,7 @@ LAYERS = [
     {"aviatorc.ir", "aviatorc.target", "aviatorc.formats", "aviatorc.options"},
     {"aviatorc.passes", "aviatorc.frontends", "aviatorc.quant", "aviatorc.accuracy", "aviatorc.models", "aviatorc.zoo"},
     {"aviatorc.partition", "aviatorc.schedule", "aviatorc.plan"},
-    {"aviatorc.backends", "aviatorc.report", "aviatorc.runtime", "aviatorc.inspect"},
+    {"aviatorc.backends", "aviatorc.report", "aviatorc.runtime", "aviatorc.inspect", "aviatorc.exporter"},
     {"aviatorc.compiler", "aviatorc.serve", "aviatorc.cli", "aviatorc.terminal", "aviatorc.__main__", "aviatorc"},
 ]
 

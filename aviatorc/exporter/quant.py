@@ -1,0 +1,132 @@
+"""A packed weight as standard ONNX: `DequantizeLinear` (QDQ), or `com.microsoft.MatMulNBits`.
+
+`weight_codes` turns a `DequantizeWeight`'s stored arrays (layouts in `aviatorc.quant.rtn`)
+into the integer codes, scales and zero points they hold, unchanged:
+
+- int8 (per output channel): int8 codes [K, N], one scale per column: `DequantizeLinear(axis=1)`.
+- int4 g (symmetric int4 codes -8..7, or asymmetric uint4 codes 0..15 with uint4 zero points),
+  mxint8 / mxint4 (int8 / int4 codes): a scale per block of g rows of a column,
+  `DequantizeLinear(axis=0, block_size=g)` (opset 21). An MX block's shared exponent e is the
+  scale 2^(e - 127), exactly representable in float32.
+- 2:4 sparse weights are exported dense-equivalent: the kept codes go back to their rows and
+  the pruned ones become the zero point (0, or the group's zero point), so they dequantize to
+  exactly 0. A group of g kept values spans 2g dense rows, so the block size doubles.
+
+Scales are float32 (the fp16 scales widen exactly): with an fp16 scale, DequantizeLinear's
+output would be fp16 and the products would round, where the IR's kernel multiplies in float32.
+
+`MatMulNBits` (`--matmul-nbits`, 4-bit codes only) takes B as uint8 [N, blocks, block / 2],
+codes packed two per byte along K, low nibble first; scales [N, blocks]; optional uint8 zero
+points [N * ceil(blocks / 2)], two blocks per byte along K, low nibble first; with no zero
+points the zero point is 8, so symmetric codes are stored as code + 8. Its block size must be
+a power of two, at least 16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from aviatorc.formats import WeightFormat
+from aviatorc.ir.ops.quant import _FLOAT_DTYPES, expand_24, stored_rows, unpack_bits_k, unpack_nibbles_k
+from aviatorc.quant.rtn import pack_bits_k
+
+
+@dataclass(frozen=True, eq=False)
+class WeightCodes:
+    """A quantized [k, n] weight as ONNX sees it: dense codes, scales, zero points."""
+
+    codes_KN: np.ndarray  # int16 [k, n], dense-equivalent (2:4 pruned slots hold the zero point)
+    scale: np.ndarray  # float32 [blocks, n] (blocked) or [n] (per channel)
+    zero_GN: np.ndarray | None  # uint8 [blocks, n]: asymmetric int4 only
+    block_size: int  # 0: per output channel
+    onnx_type: str  # "int8", "int4" or "uint4": the element type of the codes
+
+    @property
+    def signed(self) -> bool:
+        return self.onnx_type != "uint4"
+
+
+def weight_codes(fmt: WeightFormat, arrays: list[np.ndarray | None], k: int, n: int) -> WeightCodes:
+    """The codes, scales and zero points of a `DequantizeWeight`'s stored arrays (not a float format)."""
+    arrays = list(arrays) + [None] * (4 - len(arrays))
+    values, scale, zero, indices = arrays
+    assert values is not None and scale is not None  # the IR's type rule checked the layout
+    ks = stored_rows(fmt, k)
+    zero_GN: np.ndarray | None = None
+    if fmt.kind == "int8":
+        codes, scales, block, onnx_type = values.astype(np.int16), scale.astype(np.float32), 0, "int8"
+    else:
+        if fmt.bits == 4:
+            signed = fmt.kind == "mxint4" or fmt.symmetric
+            codes = unpack_nibbles_k(values, signed=signed)
+            onnx_type = "int4" if signed else "uint4"
+        else:
+            codes, onnx_type = values.astype(np.int16), "int8"
+        codes = codes[:ks]  # the rows padding the last group are not part of the weight
+        if fmt.kind.startswith("mx"):
+            scales = np.exp2(scale.astype(np.float32) - np.float32(127.0)).astype(np.float32)
+        else:
+            scales = scale.astype(np.float32)
+        if fmt.kind == "int4" and not fmt.symmetric:
+            assert zero is not None
+            zero_GN = unpack_bits_k(zero, 4, scale.shape[0])
+        block = fmt.group_size
+    if fmt.sparsity == "2:4":
+        assert indices is not None
+        index = unpack_bits_k(indices, 2, ks)
+        kept = expand_24(np.ones(codes.shape, bool), index, k)
+        codes = expand_24(codes, index, k)
+        if zero_GN is not None:  # a pruned slot must read back as 0: the zero point of its group
+            codes = np.where(kept, codes, np.repeat(zero_GN, 2 * block, axis=0)[:k].astype(np.int16))
+        block *= 2  # g kept values span 2g dense rows
+    return WeightCodes(np.ascontiguousarray(codes, dtype=np.int16), scales, zero_GN, block, onnx_type)
+
+
+def dense_values(fmt: WeightFormat, arrays: list[np.ndarray | None], k: int) -> np.ndarray:
+    """A float-format (fp32 / fp16 / bf16) `DequantizeWeight`'s [k, n] values, 2:4 expanded, dtype kept."""
+    assert fmt.kind in _FLOAT_DTYPES
+    values = arrays[0]
+    assert values is not None
+    if fmt.sparsity == "2:4":
+        indices = arrays[3]
+        assert indices is not None
+        return expand_24(values, unpack_bits_k(indices, 2, stored_rows(fmt, k)), k)
+    return values[:k]
+
+
+def codes_array(codes: WeightCodes) -> np.ndarray:
+    """The codes in their ONNX element type (ml_dtypes int4 / uint4 for 4-bit)."""
+    import ml_dtypes
+
+    kind = {"int8": np.int8, "int4": ml_dtypes.int4, "uint4": ml_dtypes.uint4}[codes.onnx_type]
+    return codes.codes_KN.astype(kind)
+
+
+def matmul_nbits_ok(codes: WeightCodes) -> str | None:
+    """Why MatMulNBits cannot hold these codes; None when it can."""
+    if codes.onnx_type == "int8":
+        return "MatMulNBits is used for 4-bit weights only"
+    block = codes.block_size
+    if block < 16 or block & (block - 1):
+        return f"MatMulNBits needs a power-of-two block size of at least 16, not {block}"
+    return None
+
+
+def matmul_nbits_arrays(codes: WeightCodes) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """B uint8 [N, blocks, block / 2], scales float32 [N, blocks], zero points uint8 [N * ceil(blocks / 2)]."""
+    k, n = codes.codes_KN.shape
+    block = codes.block_size
+    blocks = codes.scale.shape[0]
+    unsigned = codes.codes_KN + 8 if codes.signed else codes.codes_KN  # no zero points: MatMulNBits' zero is 8
+    pad = np.full((blocks * block - k, n), 8, np.int16)
+    if codes.zero_GN is not None:  # padding rows read back as 0: their block's zero point
+        pad = np.repeat(codes.zero_GN, block, axis=0)[k:].astype(np.int16)
+    packed_KN = pack_bits_k(np.concatenate([unsigned, pad], axis=0), 4)  # [blocks * block / 2, n]
+    b = np.ascontiguousarray(packed_KN.T.reshape(n, blocks, block // 2))
+    scales = np.ascontiguousarray(codes.scale.T)
+    zeros = None
+    if codes.zero_GN is not None:
+        zeros = np.ascontiguousarray(pack_bits_k(codes.zero_GN, 4).T).reshape(-1)
+    return b, scales, zeros
