@@ -51,7 +51,7 @@ def load(path: Any) -> Artifact:
 
 def export(artifact: Any, path: Any, *, matmul_nbits: bool = False, **options: Any) -> ExportResult:
     """Write a compiled artifact (an `Artifact` or its directory) as a standard ONNX file with its exact
-    quantized weights: QDQ, or 4-bit weights as MatMulNBits. See `aviatorc.exporter` and docs/export.md."""
+    quantized weights: QDQ, or blocked weights as MatMulNBits. See `aviatorc.exporter` and docs/export.md."""
     from aviatorc.exporter import export as _export
 
     return _export(artifact, path, matmul_nbits=matmul_nbits, **options)

@@ -145,8 +145,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="confine the placement to these chiplets, like '0-7,12' (models sharing a server)")
     p.add_argument("--quant", choices=QUANT_CHOICES, help="weight quantization")
     p.add_argument("--group-size", type=int, default=DEFAULTS.group_size,
-                   help="int4 / mx group size along the reduction dim (32/64/128)")
-    p.add_argument("--asymmetric", action="store_true", help="int4 with zero points")
+                   help="rows along the reduction dim sharing a scale (32/64/128); default 32 for int4 / mx, "
+                        "per output channel for int8 (give one for group-wise int8; 0: per channel)")
+    zero_points = p.add_mutually_exclusive_group()
+    zero_points.add_argument("--asymmetric", action="store_true",
+                             help="int4 with zero points (the default with --calibration)")
+    zero_points.add_argument("--symmetric", action="store_true",
+                             help="int4 without zero points (the default without --calibration)")
     p.add_argument("--quant-method", choices=CALIBRATION_METHODS, help="default: gptq for 4-bit with calibration")
     p.add_argument("--sparsity", choices=SPARSITY_CHOICES, help="structured sparsity")
     p.add_argument("--sparsity-method", choices=SPARSITY_METHODS, default=DEFAULTS.sparsity_method,
@@ -189,7 +194,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("artifact", help="an artifact directory written by `aviatorc compile`")
     p.add_argument("-o", "--output", required=True, metavar="MODEL.onnx", help="the ONNX file to write")
     p.add_argument("--format", choices=("onnx",), default="onnx", help="the interchange format")
-    p.add_argument("--matmul-nbits", action="store_true", help="4-bit weights as com.microsoft.MatMulNBits "
+    p.add_argument("--matmul-nbits", action="store_true", help="blocked weights (4-bit, group-wise int8, "
+                   "mxint8) as com.microsoft.MatMulNBits "
                    "(default: standard QDQ, blocked DequantizeLinear)")
     p.add_argument("--external-data", action="store_true", help="weights in MODEL.onnx.data beside the model "
                    "(default: only when they pass 1 GiB)")
@@ -339,9 +345,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
     # prints the IR to stdout (no `log` callback is given).
     calibration = load_calibration_npz(args.calibration) if args.calibration else None
     evaluation = load_calibration_npz(args.eval, what="evaluation") if args.eval else None
+    # Neither flag: the default (int4 asymmetric with --calibration, symmetric without).
+    symmetric = True if args.symmetric else False if args.asymmetric else None
     options: dict[str, Any] = {
         "target": args.target, "cards": args.cards, "quant": args.quant, "group_size": args.group_size,
-        "symmetric": not args.asymmetric, "quant_method": args.quant_method, "sparsity": args.sparsity,
+        "symmetric": symmetric, "quant_method": args.quant_method, "sparsity": args.sparsity,
         "sparsity_method": args.sparsity_method, "keep_fp16": tuple(args.keep_fp16),
         "activations": args.activations, "fuse_qkv": not args.no_fuse_qkv,
         "passes": tuple(p.strip() for p in args.passes.split(",") if p.strip()) if args.passes else None,

@@ -7,7 +7,9 @@ output channels.
 
 Layouts (bytes per [K, N] matrix; G = ceil(K / group) groups, Kp = G * group):
 - fp32 / fp16 / bf16: K * N * itemsize.
-- int8: K * N bytes + one fp16 scale per output channel (N * 2).
+- int8 per output channel (group_size 0): K * N bytes + one fp16 scale per output channel (N * 2).
+- int8 group-wise (group_size 32/64/128): Kp * N bytes (K padded up to a multiple of the group)
+  + G * N * 2 (an fp16 scale per (group, channel)); named `int8-g<group>`.
 - int4: ceil(Kp / 2) * N (K padded up to a multiple of the group, two values per byte along
   K) + G * N * 2 (an fp16 scale per (group, channel)) and, if asymmetric,
   ceil(G / 2) * N (a 4-bit zero point per (group, channel), two groups per byte along G).
@@ -32,6 +34,7 @@ from aviatorc.errors import OptionError
 KINDS = ("fp32", "fp16", "bf16", "int8", "int4", "mxint8", "mxint4")
 _DENSE_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8, "int4": 4, "mxint8": 8, "mxint4": 4}
 GROUP_SIZES = (32, 64, 128)
+_ALWAYS_GROUPED = ("int4", "mxint8", "mxint4")  # int8 is grouped only with a group size (else per channel)
 
 
 @dataclass(frozen=True)
@@ -39,21 +42,22 @@ class WeightFormat:
     """How one weight matrix is stored."""
 
     kind: str = "fp32"
-    group_size: int = 0  # int4 / mx*: elements along K sharing a scale; 0 where not grouped
+    group_size: int = 0  # elements along K sharing a scale; 0 where not grouped (int8: per output channel)
     symmetric: bool = True
     sparsity: str = ""  # "" or "2:4"
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise OptionError(f"unknown weight format '{self.kind}'", hint=f"choose one of {', '.join(KINDS)}")
-        if self.grouped and self.group_size <= 0:
-            raise OptionError(f"format '{self.kind}' needs a positive group size")
+        if self.group_size < 0 or self.kind in _ALWAYS_GROUPED and self.group_size == 0:
+            raise OptionError(f"format '{self.kind}' needs a positive group size, not {self.group_size}")
         if self.sparsity not in ("", "2:4"):
             raise OptionError(f"unknown sparsity '{self.sparsity}'", hint="the only structured sparsity is '2:4'")
 
     @property
     def grouped(self) -> bool:
-        return self.kind in ("int4", "mxint8", "mxint4")
+        """Whether scales are per group of `group_size` rows along K (else per output channel, or none)."""
+        return self.kind in _ALWAYS_GROUPED or self.kind == "int8" and self.group_size > 0
 
     @property
     def bits(self) -> int:
@@ -83,14 +87,15 @@ class WeightFormat:
     def _dense_bytes(self, k: int, n: int) -> int:
         if self.kind in ("fp32", "fp16", "bf16"):
             return k * n * self.bits // 8
-        if self.kind == "int8":
-            return k * n + n * 2
+        if self.kind == "int8" and not self.grouped:
+            return k * n + n * 2  # one fp16 scale per output channel
         groups = math.ceil(k / self.group_size)
         k_pad = groups * self.group_size  # a ragged last group is padded
         values = math.ceil(k_pad * self.bits / 8) * n  # 4-bit: two rows per byte along K
-        if self.kind == "int4":
-            scales = groups * n * 2
-            zeros = 0 if self.symmetric else math.ceil(groups / 2) * n  # two groups per byte along G
+        if self.kind in ("int4", "int8"):
+            scales = groups * n * 2  # fp16 per (group, channel)
+            asymmetric = self.kind == "int4" and not self.symmetric  # int8 is symmetric only
+            zeros = math.ceil(groups / 2) * n if asymmetric else 0  # two groups per byte along G
             return values + scales + zeros
         return values + groups * n  # mx: one shared 8-bit exponent per block
 

@@ -16,12 +16,15 @@ from aviatorc.formats import GROUP_SIZES
 
 QUANT_CHOICES = ("int8", "int4", "mxint8", "mxint4", "fp16", "bf16")
 SPARSITY_CHOICES = ("2:4",)
-CALIBRATION_METHODS = ("rtn", "gptq", "awq")
+# awq: AWQ's input-channel scales, then round-to-nearest; awq-gptq: the same scales, then GPTQ on the
+# scaled weight (its Hessian scaled to match).
+CALIBRATION_METHODS = ("rtn", "gptq", "awq", "awq-gptq")
 SPARSITY_METHODS = ("magnitude", "wanda", "sparsegpt")
 ACTIVATION_METHODS = ("minmax", "percentile")
 KV_CACHE_CHOICES = ("auto", "sram", "lpddr")
 KV_DTYPE_CHOICES = ("fp16", "bf16", "int8")
 SOLVER_CHOICES = ("cpsat", "greedy")
+DEFAULT_GROUP_SIZE = 32  # int4 and MX when group_size is None; int8 stays per output channel
 
 
 @dataclass(frozen=True)
@@ -31,8 +34,14 @@ class CompileOptions:
     target: str | None = None  # a shipped target name or a path to a TOML file
     cards: int | None = None
     quant: str | None = None
-    group_size: int = 32
-    symmetric: bool = True
+    # Rows along K sharing one scale (32/64/128). None: the format's default, 32 for int4 and MX, per
+    # output channel for int8 (group-wise int8 only when asked for: `group_size=128`); 0 asks for
+    # per-channel int8 explicitly. `weight_group_size` is what the weights get.
+    group_size: int | None = None
+    # int4 zero points. None: the default, asymmetric when calibration data is given, symmetric without
+    # (`int4_symmetric` in passes/quantize.py, with the figures behind it: held out on all-MiniLM-L6-v2
+    # INT4 g32 GPTQ, tools/bench_defaults.py, mean cosine 0.99336 asymmetric against 0.99191 symmetric).
+    symmetric: bool | None = None
     sparsity: str | None = None
     sparsity_method: str = "magnitude"  # "wanda" / "sparsegpt" need calibration data
     quant_method: str | None = None  # None: "gptq" for int4 with calibration data, else "rtn"
@@ -64,9 +73,7 @@ class CompileOptions:
             raise OptionError(f"unknown quantization '{self.quant}'", hint=f"choose one of {', '.join(QUANT_CHOICES)}")
         if self.sparsity is not None and self.sparsity not in SPARSITY_CHOICES:
             raise OptionError(f"unknown sparsity '{self.sparsity}'", hint="the only structured sparsity is '2:4'")
-        if self.group_size not in GROUP_SIZES:
-            raise OptionError(f"group size {self.group_size} is not supported",
-                              hint=f"choose one of {', '.join(map(str, GROUP_SIZES))}")
+        check_group_size(self.quant, self.group_size)
         if self.quant_method is not None and self.quant_method not in CALIBRATION_METHODS:
             raise OptionError(f"unknown quantization method '{self.quant_method}'",
                               hint=f"choose one of {', '.join(CALIBRATION_METHODS)}")
@@ -89,6 +96,32 @@ class CompileOptions:
             raise OptionError(f"unknown KV cache type '{self.kv_dtype}'", hint=f"choose one of {', '.join(KV_DTYPE_CHOICES)}")
         check_cards(self.cards)
         object.__setattr__(self, "chiplets", parse_chiplets(self.chiplets))
+
+    @property
+    def weight_group_size(self) -> int:
+        """The group size the quantized weights are stored with: `group_size`, or where it is None the
+        format's default (32 for int4 and MX, 0 for int8: per output channel); 0 for 16-bit weights."""
+        if self.quant in ("int4", "mxint8", "mxint4"):
+            return self.group_size or DEFAULT_GROUP_SIZE
+        if self.quant == "int8":
+            return self.group_size or 0
+        return 0
+
+
+def check_group_size(quant: str | None, group_size: int | None) -> None:
+    """A group size (`--group-size`, `group_size=`) is None (the format's default), one of GROUP_SIZES,
+    or 0 for per-channel int8."""
+    if group_size is None or group_size in GROUP_SIZES:
+        return
+    if group_size == 0 and quant in ("int8", None, "fp16", "bf16"):
+        return
+    if group_size == 0:
+        raise OptionError(f"{quant} weights need a group size; 0 (per output channel) is int8's alone",
+                          hint=f"choose one of {', '.join(map(str, GROUP_SIZES))}, or leave it out for "
+                               f"{DEFAULT_GROUP_SIZE}")
+    raise OptionError(f"group size {group_size} is not supported",
+                      hint=f"choose one of {', '.join(map(str, GROUP_SIZES))}"
+                           + (", or 0 for per output channel" if quant == "int8" else ""))
 
 
 def check_cards(cards: object) -> None:

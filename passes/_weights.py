@@ -24,7 +24,7 @@ from aviatorc.ir import ArrayData, Graph, Node, ShapeOnly, TensorType, Value, ad
 from aviatorc.progress import stage
 from aviatorc.quant.calibration import ActivationStats, check_batches
 from aviatorc.quant.rtn import PackedWeight, dequantize, expand_24, packed_layout, stored_rows, unpack_bits_k
-from aviatorc.quant.sequential import calibrate_sequentially
+from aviatorc.quant.sequential import SequentialRun, calibrate_sequentially
 
 _logger = logging.getLogger("aviatorc.passes.weights")
 
@@ -230,7 +230,8 @@ WeightRewrite = Callable[[list[LinearWeight], dict[str, ActivationStats]], None]
 
 
 def rewrite_by_stage(graph: Graph, ctx: PassContext, weights: list[LinearWeight], rewrite: WeightRewrite, *,
-                     calibrate: bool, hessian: bool, reference: Graph | None = None, label: str) -> None:
+                     calibrate: bool, hessian: bool, reference: Graph | None = None,
+                     label: str) -> SequentialRun | None:
     """Rewrite `weights` in the order sequential calibration needs, `quantize`'s and `sparsify-2to4`'s.
 
     With `calibrate`, the weights with data go stage by stage (`calibration_stages`), each stage
@@ -241,6 +242,7 @@ def rewrite_by_stage(graph: Graph, ctx: PassContext, weights: list[LinearWeight]
     """
     calibrated = [lw for lw in weights if lw.has_data] if calibrate else []
     stages = calibration_stages(graph, calibrated) if calibrated else []
+    run = None
     if stages:
         batches = check_batches(graph, ctx.calibration)
         ctx.note(f"{label}: sequential calibration of {len(calibrated)} weight(s) in {len(stages)} "
@@ -254,5 +256,8 @@ def rewrite_by_stage(graph: Graph, ctx: PassContext, weights: list[LinearWeight]
             run = calibrate_sequentially(graph, batches, inputs, rewrite_stage, hessian=hessian, reference=reference)
         ctx.note(f"{label}: {run.evaluations} node evaluations per batch for {len(graph.nodes)} nodes"
                  + (f", {run.reference_evaluations} in the unrewritten graph" if reference is not None and hessian else ""))
+        ctx.note(f"{label}: calibration statistics from {run.tokens:,} real token(s)"
+                 + (f"; {run.padding:,} padding position(s) left out (attention_mask)" if run.padding else ""))
     rewrite([lw for lw in weights if lw not in calibrated], {})
+    return run
 

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 from aviatorc.passes.manager import Note, Pass, PassContext, PassResult, register_pass
+from aviatorc.passes.quantize import weight_format
 
 from aviatorc.formats import WeightFormat, dense_format
 from aviatorc.ir import ArrayData, Graph, Node, ShapeOnly, TensorData, TensorType, Value, add_op, add_value
@@ -359,7 +360,7 @@ def _check_fits(group: Group, ctx: PassContext) -> Note | None:
         return None
     k = weight_kn(group.q.weight)[0]
     n = sum(weight_kn(p.weight)[1] for p in group.projections)
-    fmt = storage_format(group.q.weight.type.dtype, ctx.options)
+    fmt = storage_format(group.q.weight.type.dtype, ctx.options, calibrated=bool(ctx.calibration))
     fused_bytes = fmt.storage_bytes(k, n)
     if fused_bytes <= capacity:
         return None
@@ -390,13 +391,12 @@ def largest_chiplet_sram_bytes(target: Any) -> int | None:
     return int(target.usable_sram_bytes_per_chiplet)
 
 
-def storage_format(dtype: str, options: CompileOptions) -> WeightFormat:
+def storage_format(dtype: str, options: CompileOptions, *, calibrated: bool = False) -> WeightFormat:
     """The format the pipeline will store a weight in: fusion runs before quantize and sparsify."""
     sparsity = options.sparsity or ""
     if options.quant is None:
         return WeightFormat(dense_format(dtype).kind, sparsity=sparsity)
-    grouped = options.quant in ("int4", "mxint8", "mxint4")
-    return WeightFormat(options.quant, options.group_size if grouped else 0, options.symmetric, sparsity)
+    return weight_format(options, sparsity, calibrated=calibrated)  # quantize's own choice of format
 
 
 # -- rewrite ----------------------------------------------------------------------------------

@@ -143,6 +143,7 @@ def test_unsupported_ops_fail_in_one_line_and_write_nothing(tmp_path):
     [
         (["--passes", "fuse-qvk"], "unknown pass 'fuse-qvk'; did you mean 'fuse-qkv'?"),
         (["--quant", "int4", "--group-size", "48"], "group size 48 is not supported"),
+        (["--quant", "int4", "--group-size", "0"], "int4 weights need a group size; 0 (per output channel) is int8's alone"),
         (["--target", "corsiar"], "corsiar"),
         (["--batch", "0"], "batch (--batch) must be at least 1, got 0"),
     ],
@@ -220,3 +221,19 @@ def test_malformed_target_names_file_and_key(tmp_path):
     assert result.returncode == 1
     assert result.stderr.strip() == (f"aviatorc: error: {target}: unknown key 'chiplet.sram_byte'; "
                                      "did you mean 'chiplet.sram_bytes'?")
+
+
+def test_zero_point_flags(tmp_path):
+    """--asymmetric / --symmetric choose int4's zero points (neither: the default, symmetric without
+    --calibration); both at once is a usage error."""
+    path = mlp_onnx(tmp_path / "mlp.onnx")
+    formats = {}
+    for flag in ("--asymmetric", "--symmetric", None):
+        out = tmp_path / f"{flag}.avc"
+        args = ["compile", str(path), "-o", str(out), "--target", "mock", "--quant", "int4", "-q"]
+        assert run_cli(*args, *([flag] if flag else [])).returncode == 0
+        formats[flag] = sorted(json.loads((out / "report.json").read_text())["weights"]["bytes_by_format"])
+    assert formats == {"--asymmetric": ["int4-g32-asym"], "--symmetric": ["int4-g32"], None: ["int4-g32"]}
+    both = run_cli("compile", str(path), "-o", str(tmp_path / "x.avc"), "--quant", "int4", "--symmetric",
+                   "--asymmetric")
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr

@@ -79,3 +79,20 @@ def test_every_quantized_matmul_has_a_row_the_fused_qkv_too(llama):
     for name in fused:  # 4 bits lose ~24 dB against 8 (6 dB a bit): the row measures the weight
         assert float(rows8[name]["sqnr_db"]) - float(rows4[name]["sqnr_db"]) > 15
         assert rows4[name]["n"] == nodes[name].inputs[1].type.shape[-1]
+
+
+def test_awq_compiles_to_a_checked_plan_and_beats_rtn(llama, tmp_path):
+    """AWQ through the whole compile: its scales folded into the RMSNorms or a Mul in front of the
+    MatMuls, the plan placed, scheduled and checked, the artifact saved; held out, closer to fp32
+    than round-to-nearest."""
+    data = batches(4)
+    awq = compile_llama(llama, calibration=data, quant_method="awq")
+    rtn = compile_llama(llama, calibration=data, quant_method="rtn")
+    stats = next(r["stats"] for r in awq.report.data["passes"] if r["name"] == "quantize")
+    assert stats["method"] == "awq" and stats["calibration_tokens"] > 0
+    assert any(n.op == "Mul" and n.name.endswith(".awq_scale") for n in awq.graph.nodes)
+    assert any(v.endswith(".awq") for v in awq.graph.initializers)  # a norm's scale folded
+    awq.save(tmp_path / "awq.avc")
+    cos = {name: result.report.data["accuracy"]["end_to_end"][0]["cosine"] for name, result in
+           (("awq", awq), ("rtn", rtn))}
+    assert cos["awq"] > cos["rtn"], cos

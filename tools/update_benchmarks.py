@@ -19,6 +19,7 @@ ORDER = [
     ("bench_import", "python tools/bench_import.py"),
     ("bench_quant_minilm", "python tools/bench_quant.py --only minilm"),
     ("bench_quant_smollm2", "python tools/bench_quant.py --only smollm2"),
+    ("bench_defaults", "python tools/bench_defaults.py"),
     ("bench_partition", "python tools/bench_partition.py"),
     ("bench_plan", "python tools/bench_plan.py"),
     ("bench_runtime", "python tools/bench_runtime.py"),

@@ -267,8 +267,8 @@ def dequantize_weight(b: OnnxBuilder, node: Node) -> None:
 
 
 def plan_matmul_nbits(b: OnnxBuilder) -> list[str]:
-    """Pick the MatMuls that become MatMulNBits: their weight is a 4-bit DequantizeWeight read only by
-    MatMuls as input 1. Returns why each other quantized weight stays QDQ."""
+    """Pick the MatMuls that become MatMulNBits: their weight is a blocked (4-bit, group-wise int8 or
+    mxint8) DequantizeWeight read only by MatMuls as input 1. Returns why each other quantized weight stays QDQ."""
     outputs = {v.name for v in b.graph.outputs}
     reasons = []
     for node in b.graph.nodes:
@@ -300,7 +300,7 @@ def _matmul_nbits(b: OnnxBuilder, matmul: Node, dq: Node) -> None:
     if zeros is not None:
         inputs.append(b.constant(zeros, f"{base}.nbits_zero_point"))
     k, n = weight_shape(dq)
-    b.emit("MatMulNBits", inputs, _outputs(matmul), matmul.name, domain=MS_DOMAIN, K=k, N=n, bits=4,
+    b.emit("MatMulNBits", inputs, _outputs(matmul), matmul.name, domain=MS_DOMAIN, K=k, N=n, bits=codes.bits,
            block_size=codes.block_size)
 
 

@@ -4,8 +4,9 @@
 into the integer codes, scales and zero points they hold, unchanged:
 
 - int8 (per output channel): int8 codes [K, N], one scale per column: `DequantizeLinear(axis=1)`.
-- int4 g (symmetric int4 codes -8..7, or asymmetric uint4 codes 0..15 with uint4 zero points),
-  mxint8 / mxint4 (int8 / int4 codes): a scale per block of g rows of a column,
+- int8 g (group-wise: int8 codes), int4 g (symmetric int4 codes -8..7, or asymmetric uint4 codes
+  0..15 with uint4 zero points), mxint8 / mxint4 (int8 / int4 codes): a scale per block of g rows
+  of a column,
   `DequantizeLinear(axis=0, block_size=g)` (opset 21). An MX block's shared exponent e is the
   scale 2^(e - 127), exactly representable in float32.
 - 2:4 sparse weights are exported dense-equivalent: the kept codes go back to their rows and
@@ -15,11 +16,14 @@ into the integer codes, scales and zero points they hold, unchanged:
 Scales are float32 (the fp16 scales widen exactly): with an fp16 scale, DequantizeLinear's
 output would be fp16 and the products would round, where the IR's kernel multiplies in float32.
 
-`MatMulNBits` (`--matmul-nbits`, 4-bit codes only) takes B as uint8 [N, blocks, block / 2],
-codes packed two per byte along K, low nibble first; scales [N, blocks]; optional uint8 zero
-points [N * ceil(blocks / 2)], two blocks per byte along K, low nibble first; with no zero
-points the zero point is 8, so symmetric codes are stored as code + 8. Its block size must be
-a power of two, at least 16.
+`MatMulNBits` (`--matmul-nbits`) takes B as uint8 [N, blocks, block * bits / 8]: 4-bit codes
+packed two per byte along K, low nibble first, or (bits=8: group-wise int8 and mxint8) one code
+per byte; scales [N, blocks]; optional uint8 zero points (4-bit: [N * ceil(blocks / 2)], two
+blocks per byte along K, low nibble first); with no zero points the zero point is 2^(bits - 1)
+(8 or 128), so symmetric codes are stored as code + 8 or code + 128. Its block size must be a
+power of two, at least 16, so per-channel int8 (no block) stays QDQ. The 8-bit form runs on
+onnxruntime's CPU provider (checked on 1.32: parity with the IR's kernel in the exporter tests);
+older releases and other providers may take 4-bit only.
 """
 
 from __future__ import annotations
@@ -47,6 +51,10 @@ class WeightCodes:
     def signed(self) -> bool:
         return self.onnx_type != "uint4"
 
+    @property
+    def bits(self) -> int:
+        return 8 if self.onnx_type == "int8" else 4
+
 
 def weight_codes(fmt: WeightFormat, arrays: list[np.ndarray | None], k: int, n: int) -> WeightCodes:
     """The codes, scales and zero points of a `DequantizeWeight`'s stored arrays (not a float format)."""
@@ -55,7 +63,7 @@ def weight_codes(fmt: WeightFormat, arrays: list[np.ndarray | None], k: int, n: 
     assert values is not None and scale is not None  # the IR's type rule checked the layout
     ks = stored_rows(fmt, k)
     zero_GN: np.ndarray | None = None
-    if fmt.kind == "int8":
+    if fmt.kind == "int8" and not fmt.grouped:  # per output channel
         codes, scales, block, onnx_type = values.astype(np.int16), scale.astype(np.float32), 0, "int8"
     else:
         if fmt.bits == 4:
@@ -106,25 +114,28 @@ def codes_array(codes: WeightCodes) -> np.ndarray:
 
 def matmul_nbits_ok(codes: WeightCodes) -> str | None:
     """Why MatMulNBits cannot hold these codes; None when it can."""
-    if codes.onnx_type == "int8":
-        return "MatMulNBits is used for 4-bit weights only"
     block = codes.block_size
+    if not block:
+        return "per-channel int8 has no block along K, which MatMulNBits needs (compile with --group-size)"
     if block < 16 or block & (block - 1):
         return f"MatMulNBits needs a power-of-two block size of at least 16, not {block}"
     return None
 
 
 def matmul_nbits_arrays(codes: WeightCodes) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """B uint8 [N, blocks, block / 2], scales float32 [N, blocks], zero points uint8 [N * ceil(blocks / 2)]."""
+    """B uint8 [N, blocks, block * bits / 8], scales float32 [N, blocks], zero points uint8
+    [N * ceil(blocks / 2)] (asymmetric 4-bit only)."""
     k, n = codes.codes_KN.shape
-    block = codes.block_size
+    block, bits = codes.block_size, codes.bits
     blocks = codes.scale.shape[0]
-    unsigned = codes.codes_KN + 8 if codes.signed else codes.codes_KN  # no zero points: MatMulNBits' zero is 8
-    pad = np.full((blocks * block - k, n), 8, np.int16)
+    zero = 1 << (bits - 1)  # MatMulNBits' zero point when none is given: 8, or 128 for 8 bits
+    unsigned = codes.codes_KN + zero if codes.signed else codes.codes_KN
+    pad = np.full((blocks * block - k, n), zero, np.int16)
     if codes.zero_GN is not None:  # padding rows read back as 0: their block's zero point
         pad = np.repeat(codes.zero_GN, block, axis=0)[k:].astype(np.int16)
-    packed_KN = pack_bits_k(np.concatenate([unsigned, pad], axis=0), 4)  # [blocks * block / 2, n]
-    b = np.ascontiguousarray(packed_KN.T.reshape(n, blocks, block // 2))
+    rows = np.concatenate([unsigned, pad], axis=0)
+    packed_KN = pack_bits_k(rows, 4) if bits == 4 else rows.astype(np.uint8)  # [blocks * block * bits / 8, n]
+    b = np.ascontiguousarray(packed_KN.T.reshape(n, blocks, block * bits // 8))
     scales = np.ascontiguousarray(codes.scale.T)
     zeros = None
     if codes.zero_GN is not None:

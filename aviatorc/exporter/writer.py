@@ -1,7 +1,7 @@
 """An artifact's compiled graph as one ONNX file, with the weights exactly as the artifact stores them.
 
     result = export("model.avc", "model.onnx")             # QDQ: blocked DequantizeLinear, opset 21+
-    result = export(artifact, "model.onnx", matmul_nbits=True)  # 4-bit weights as com.microsoft.MatMulNBits
+    result = export(artifact, "model.onnx", matmul_nbits=True)  # blocked weights as com.microsoft.MatMulNBits
 
 The stages, in order: read every initializer's whole stored array back from the tiles
 (`aviatorc.exporter.weights`); refuse the ops with no ONNX mapping (all at once); convert node by

@@ -2,8 +2,8 @@
 
 `rtn` holds the storage layouts (packing, exact bytes) and round-to-nearest quantization;
 `tiles` slices a packed weight into the tiles the plan stores and dequantizes one on its own;
-`gptq` and `awq` the calibrated INT4 methods; `sparse` the 2:4 selection rules;
-`calibration` the per-MatMul activation statistics; `sequential` the one driver that
+`gptq` and `awq` the calibrated methods; `sparse` the 2:4 selection rules;
+`calibration` the per-MatMul activation statistics (real tokens only: padding left out); `sequential` the one driver that
 evaluates the graph stage by stage for them while a pass rewrites it (sequential calibration).
 """
 

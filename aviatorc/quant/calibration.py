@@ -6,6 +6,10 @@
   exists when Hessians are skipped);
 - min, max and a high percentile of |x| (W8A8 activation ranges): the percentile is
   computed per batch and averaged, which bounds memory on long calibration sets.
+- the sum of |x| per input channel (AWQ's activation magnitude).
+Padding positions are not calibration data: where the graph has an `attention_mask` input
+(`token_mask`), only the rows of real tokens are accumulated, so a batch of sentences padded
+to one length gives the statistics of its sentences alone; `tokens` counts the rows kept.
 The activations come from `aviatorc.quant.sequential.calibrate_sequentially`, which
 evaluates the graph stage by stage (sequential calibration,
 `aviatorc.passes._weights.calibration_stages`), so later layers see the inputs the
@@ -31,6 +35,7 @@ class ActivationStats:
     k: int
     tokens: int = 0
     sq_norm: np.ndarray | None = None  # [K]
+    abs_sum: np.ndarray | None = None  # [K]: sum of |x| over the tokens
     hessian: np.ndarray | None = None  # [K, K] float64
     cross: np.ndarray | None = None  # [K, K] float64: X^T X_ref, X_ref the same input in the reference graph
     lo: float = float("inf")
@@ -38,23 +43,42 @@ class ActivationStats:
     pct_lo: list[float] = field(default_factory=list)
     pct_hi: list[float] = field(default_factory=list)
 
-    def add(self, x: np.ndarray, *, hessian: bool, percentile: float, x_ref: np.ndarray | None = None) -> None:
+    def add(self, x: np.ndarray, *, hessian: bool, percentile: float, x_ref: np.ndarray | None = None,
+            real: np.ndarray | None = None) -> None:
+        """Accumulate activation `x` (any shape ending in K). `real` ([B, S] bool, from `token_mask`)
+        keeps only the rows of real tokens, when x holds one row per position (x is [B, S, K]
+        or [B * S, K]); an activation of another row count is taken whole."""
         x_TK = np.asarray(x, dtype=np.float64).reshape(-1, self.k)
+        ref_TK = None if x_ref is None else np.asarray(x_ref, dtype=np.float64).reshape(-1, self.k)
+        if real is not None and real.size == x_TK.shape[0]:
+            rows = real.reshape(-1)
+            x_TK = x_TK[rows]
+            ref_TK = None if ref_TK is None else ref_TK[rows]
+        if x_TK.shape[0] == 0:
+            return  # a batch of padding only
         self.tokens += x_TK.shape[0]
         sq = (x_TK**2).sum(axis=0)
         self.sq_norm = sq if self.sq_norm is None else self.sq_norm + sq
+        absolute = np.abs(x_TK).sum(axis=0)
+        self.abs_sum = absolute if self.abs_sum is None else self.abs_sum + absolute
         if hessian:
             import torch  # numpy's bundled BLAS is many times slower here for [K, K] products
 
             xt = torch.from_numpy(x_TK)
             h = (xt.T @ xt).numpy()
             self.hessian = h if self.hessian is None else self.hessian + h
-            if x_ref is not None:
-                c = (xt.T @ torch.from_numpy(np.asarray(x_ref, dtype=np.float64).reshape(-1, self.k))).numpy()
+            if ref_TK is not None:
+                c = (xt.T @ torch.from_numpy(ref_TK)).numpy()
                 self.cross = c if self.cross is None else self.cross + c
         self.lo, self.hi = min(self.lo, float(x_TK.min())), max(self.hi, float(x_TK.max()))
         self.pct_lo.append(float(np.percentile(x_TK, 100.0 - percentile)))
         self.pct_hi.append(float(np.percentile(x_TK, percentile)))
+
+    @property
+    def mean_abs(self) -> np.ndarray:
+        """Mean |x| per input channel over the tokens: AWQ's activation magnitude."""
+        assert self.abs_sum is not None
+        return self.abs_sum / max(self.tokens, 1)
 
     @property
     def x_norm(self) -> np.ndarray:
@@ -66,6 +90,19 @@ class ActivationStats:
         if method == "minmax":
             return self.lo, self.hi
         return float(np.mean(self.pct_lo)), float(np.mean(self.pct_hi))
+
+
+MASK_INPUT = "attention_mask"  # the name transformers' exports and the torch frontend give it
+
+
+def token_mask(graph: Any, feed: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    """The real (not padding) positions of a batch, [B, S] bool, from the graph's 2-D
+    `attention_mask` input (nonzero: a real token); None when the graph has no such input."""
+    names = {v.name: v for v in graph.inputs}
+    value = names.get(MASK_INPUT)
+    if value is None or value.type.rank != 2 or MASK_INPUT not in feed:
+        return None
+    return np.asarray(feed[MASK_INPUT]) != 0
 
 
 def check_batches(graph: Any, batches: Sequence[Mapping[str, Any]] | None) -> list[dict[str, np.ndarray]]:

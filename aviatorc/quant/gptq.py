@@ -72,7 +72,7 @@ def gptq(
     diag_h = np.diag(H)
 
     # Rows of the dense weight sharing one scale: a group of g stored values covers 2g rows
-    # under 2:4 (two of every four kept); int8 is one group per column.
+    # under 2:4 (two of every four kept); per-channel int8 is one group per column.
     if fmt is None:
         rows_per_group = k
     elif fmt.grouped:

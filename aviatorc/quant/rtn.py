@@ -4,9 +4,11 @@ One layout per `WeightFormat`, laid out so the stored arrays' byte sizes add up 
 `WeightFormat.storage_bytes(K, N)` (tests pin this). The arrays are, in the order
 `DequantizeWeight` takes them:
 
-    values   fp32/fp16/bf16 [Ks, N] | int8 [Ks, N] | int4 and mxint4: uint8 [ceil(Kp/2), N], two
-             4-bit codes per byte along K (row 2i in the low nibble) | mxint8: int8 [Kp, N]
-    scale    int8: fp16 [N] | int4: fp16 [G, N] | mx: uint8 [G, N] biased exponents (2^(e-127))
+    values   fp32/fp16/bf16 [Ks, N] | int8 per channel [Ks, N] | int4 and mxint4: uint8 [ceil(Kp/2), N],
+             two 4-bit codes per byte along K (row 2i in the low nibble) | int8 group-wise and
+             mxint8: int8 [Kp, N]
+    scale    int8 per channel: fp16 [N] | int4 and int8 group-wise: fp16 [G, N] | mx: uint8 [G, N]
+             biased exponents (2^(e-127))
     zero     asymmetric int4 only: uint8 [ceil(G/2), N], the 4-bit zero points of two groups
              of one column per byte, along G (group 2j in the low nibble)
     indices  2:4 only: uint8 [ceil(Ks/4), N], the 2-bit position (0..3) of each kept value in
@@ -22,7 +24,9 @@ of `group_size` run along Ks, and a ragged last group is padded to Kp = G * grou
 zeros (SmolLM2's K = 576 with groups of 128). Under 2:4 a group of g kept values therefore
 covers 2g rows of the dense weight.
 
-Grids: int8 is symmetric per output channel, codes -127..127, scale = amax / 127. int4 is
+Grids: int8 is symmetric, codes -127..127, scale = amax / 127, per output channel or (with a
+group size) per group along K, as int4's groups (the group-wise form keeps one outlier row from
+setting the scale of every row of its column). int4 is
 per group: symmetric codes -8..7 with scale = amax / 7, or asymmetric codes 0..15 with
 scale = (max - min) / 15 and a zero point. mxint8 / mxint4 share a power-of-two scale per
 group (the 8-bit exponent), codes -127..127 / -8..7. Scales are rounded to fp16 *before*
@@ -80,7 +84,7 @@ def grid(fmt: WeightFormat) -> Grid:
 
 
 def group_rows(fmt: WeightFormat, k: int) -> int:
-    """Rows (of the stored K) sharing one scale: the whole column for int8, else the group."""
+    """Rows (of the stored K) sharing one scale: the whole column for per-channel int8, else the group."""
     return fmt.group_size if fmt.grouped else stored_rows(fmt, k)
 
 
@@ -177,7 +181,7 @@ def quant_params(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Scale and zero point per (group, column) for values laid out [K, N] along the stored K.
 
-    Returns float32 arrays of shape [G, N] (G = 1 for int8); the scale is already rounded to
+    Returns float32 arrays of shape [G, N] (G = 1 for per-channel int8); the scale is already rounded to
     what is stored (fp16, or a power of two for mx). With `clip_search`, each group tries
     ranges shrunk by up to 25% and keeps the one with the least squared error, weighted
     per row by `row_weight` (for example the diagonal of the activation Hessian).
@@ -281,8 +285,10 @@ def pack_weight(
     codes = quantize_codes(w_pad, expand_groups(scale, groups * g, g), expand_groups(zero, groups * g, g), fmt)
     codes = codes.astype(np.int16)
     arrays: tuple[np.ndarray | None, ...]
-    if fmt.kind == "int8":
+    if fmt.kind == "int8" and not fmt.grouped:
         arrays = (codes[:ks].astype(np.int8), scale.reshape(n).astype(np.float16), None, indices)
+    elif fmt.kind == "int8":  # group-wise: codes padded to Kp rows, as mxint8's
+        arrays = (codes.astype(np.int8), scale.astype(np.float16), None, indices)
     elif fmt.kind == "int4":
         zeros = None if fmt.symmetric else pack_bits_k(zero.astype(np.uint8), 4)
         arrays = (pack_nibbles_k(codes), scale.astype(np.float16), zeros, indices)

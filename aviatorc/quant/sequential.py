@@ -14,6 +14,10 @@ those passes):
 3. After the rewrite the frontier moves through the rewritten nodes: the next stage evaluates
    the new `DequantizeWeight` and the stage's MatMuls on its way.
 
+Padding positions are left out of every statistic: where the graph has an `attention_mask`
+input, each batch's real positions (`aviatorc.quant.calibration.token_mask`) select the rows
+accumulated, and `SequentialRun` says how many real tokens and padding positions there were.
+
 Each node is evaluated once per batch (plus once in the unrewritten reference graph, for the
 cross term GPTQ and SparseGPT fit to), so calibration costs a few forward passes, linear in
 the layer count, where evaluating the graph up to each stage was quadratic. The statistics are
@@ -35,7 +39,7 @@ import numpy as np
 
 from aviatorc.ir import Graph, Node, Value
 from aviatorc.ir.interpreter import evaluate_nodes
-from aviatorc.quant.calibration import ActivationStats, check_batches
+from aviatorc.quant.calibration import ActivationStats, check_batches, token_mask
 
 # The pass's rewrite of one stage: its index and the statistics of its MatMul inputs.
 StageRewrite = Callable[[int, dict[str, ActivationStats]], None]
@@ -43,11 +47,15 @@ StageRewrite = Callable[[int, dict[str, ActivationStats]], None]
 
 @dataclass(frozen=True)
 class SequentialRun:
-    """What a calibration walk cost: node evaluations per batch, in the rewritten graph and the reference."""
+    """What a calibration walk cost (node evaluations per batch, in the rewritten graph and the
+    reference) and what it saw: positions of real tokens, and padding positions left out (0 when
+    the graph has no attention mask: then every position counts as a token)."""
 
     stages: int
     evaluations: int
     reference_evaluations: int
+    tokens: int = 0
+    padding: int = 0
 
 
 @dataclass(frozen=True)
@@ -152,6 +160,8 @@ def calibrate_sequentially(
     `hessian`, each statistic also gets the cross term X^T X_ref (`corrected_target`)."""
     feeds = check_batches(graph, batches)
     walk = Frontier(graph, feeds)
+    masks = [token_mask(graph, feed) for feed in feeds]
+    tokens = 0
     ref_walk = Frontier(reference, check_batches(reference, batches)) if reference is not None and hessian else None
     for index, stage in enumerate(stages):
         names = tuple(dict.fromkeys(stage))
@@ -167,9 +177,12 @@ def calibrate_sequentially(
             for name, x, x_ref in zip(names, xs, xs_ref):
                 if name not in stats:
                     stats[name] = ActivationStats(int(x.shape[-1]))
-                stats[name].add(x, hessian=hessian, percentile=percentile, x_ref=x_ref)
+                stats[name].add(x, hessian=hessian, percentile=percentile, x_ref=x_ref, real=masks[batch])
+        if index == 0 and stats:
+            tokens = next(iter(stats.values())).tokens  # the rows every stage's statistics hold
         rewrite(index, stats)
         walk.rewritten()
         if ref_walk is not None:
             ref_walk.rewritten()  # nothing rewrites the reference: this only drops what no stage needs now
-    return SequentialRun(len(stages), walk.evaluations, ref_walk.evaluations if ref_walk is not None else 0)
+    return SequentialRun(len(stages), walk.evaluations, ref_walk.evaluations if ref_walk is not None else 0,
+                         tokens, sum(int(m.size - m.sum()) for m in masks if m is not None))

@@ -25,6 +25,7 @@ def artifacts(zoo_onnx, tmp_path_factory):  # noqa: F811
     """Artifacts of the tiny Llama by label, each compiled once for the module."""
     tmp = tmp_path_factory.mktemp("artifacts")
     options = {"int4": {"quant": "int4", "group_size": 32}, "int8": {"quant": "int8"},
+               "int8-g64": {"quant": "int8", "group_size": 64},
                "mxint4": {"quant": "mxint4", "group_size": 32},
                "sparse": {"quant": "int4", "group_size": 32, "symmetric": False, "sparsity": "2:4"}}
     cache: dict[str, Path] = {}
@@ -100,6 +101,45 @@ def test_int8_is_per_channel_and_the_fp16_table_stays_fp16(artifacts, tmp_path):
     assert table.data_type == onnx.TensorProto.FLOAT16
     users = [n for n in model.graph.node if tables[0].output[0] in n.input]
     assert [n.op_type for n in users] == ["Cast"]
+
+
+def test_group_wise_int8_is_blocked_dequantize_linear_or_8_bit_matmul_nbits(artifacts, tmp_path):
+    """int8 g64: int8 codes with a float32 scale per 64 rows of a column, bit for bit the IR's weights;
+    with --matmul-nbits, MatMulNBits bits=8 (one code + 128 per byte, no zero points)."""
+    import onnx
+
+    model = load(export(artifacts("int8-g64"), tmp_path / "qdq.onnx").path)
+    onnx.checker.check_model(model, full_check=True)
+    arrays, want = initializers(model), ir_weights(artifacts("int8-g64"))
+    dq = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
+    assert len(dq) == 11
+    for node in dq:
+        assert {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute} == {"axis": 0, "block_size": 64}
+        codes, scale = arrays[node.input[0]], arrays[node.input[1]]
+        assert codes.dtype == np.int8 and scale.shape == (-(-codes.shape[0] // 64), codes.shape[1])
+        got = codes.astype(np.float32) * np.repeat(scale, 64, axis=0)[: codes.shape[0]]
+        np.testing.assert_array_equal(got, want[node.output[0]])
+
+    out = export(artifacts("int8-g64"), tmp_path / "nbits.onnx", matmul_nbits=True)
+    model = load(out.path)
+    assert out.matmul_nbits == 11 and not [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
+    arrays = initializers(model)
+    graph = aviatorc.load(artifacts("int8-g64")).graph()
+    weight_of = {n.name: n.inputs[1].name for n in graph.nodes if n.op == "MatMul" and n.inputs[1] is not None}
+    for node in (n for n in model.graph.node if n.op_type == "MatMulNBits"):
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs["bits"] == 8 and attrs["block_size"] == 64 and len(node.input) == 3
+        k, n = attrs["K"], attrs["N"]
+        b, scale = arrays[node.input[1]], arrays[node.input[2]]
+        assert b.dtype == np.uint8 and b.shape == (n, -(-k // 64), 64)
+        w_NK = (b.reshape(n, -1)[:, :k].astype(np.float32) - 128) * np.repeat(scale, 64, axis=1)[:, :k]
+        np.testing.assert_array_equal(w_NK.T, want[weight_of[node.name]])
+
+
+def test_per_channel_int8_stays_qdq_under_matmul_nbits(artifacts, tmp_path):
+    out = export(artifacts("int8"), tmp_path / "model.onnx", matmul_nbits=True)
+    assert out.matmul_nbits == 0
+    assert out.notes and all("per-channel int8 has no block along K" in note for note in out.notes)
 
 
 def test_matmul_nbits_layout_and_attributes(artifacts, tmp_path):

@@ -16,8 +16,8 @@ DequantizeLinear + MatMul into MatMulNBits at accuracy level 4, which quantizes 
 to int8 (it moved the tiny Llama's logits by 4e-3): that is onnxruntime changing the model, not
 the export (docs/export.md).
 
-Formats: INT8 (per channel), INT4 g32, MXINT8, MXINT4 (g32) on every zoo architecture and on
-all-MiniLM-L6-v2, as QDQ; 4-bit ones also as MatMulNBits; asymmetric INT4 and 2:4 sparsity on
+Formats: INT8 (per channel and g32), INT4 g32, MXINT8, MXINT4 (g32) on every zoo architecture and
+on all-MiniLM-L6-v2, as QDQ; blocked ones also as MatMulNBits (bits 4 and 8); asymmetric INT4 and 2:4 sparsity on
 one architecture. The zoo models are exported with the legacy exporter (about 1 s each) and
 compiled for the `mock` target with a 1 s solver budget, to keep the file near a minute.
 """
@@ -35,7 +35,8 @@ from aviatorc.exporter import export
 from tests.zoo_fixtures import zoo_dir, zoo_onnx  # noqa: F401
 
 TOLERANCE = 1e-5
-FORMATS = {"int8": {"quant": "int8"}, "int4-g32": {"quant": "int4", "group_size": 32},
+FORMATS = {"int8": {"quant": "int8"}, "int8-g32": {"quant": "int8", "group_size": 32},
+           "int4-g32": {"quant": "int4", "group_size": 32},
            "mxint8": {"quant": "mxint8", "group_size": 32}, "mxint4": {"quant": "mxint4", "group_size": 32}}
 SOLVER_S = 1.0
 
@@ -93,6 +94,8 @@ def test_zoo_export_matches_the_sim_runtime(arch, fmt, zoo_onnx, tmp_path):  # n
     ("mxint4-nbits", {"quant": "mxint4", "group_size": 32}),
     ("int4-g64-asym-nbits", {"quant": "int4", "group_size": 64, "symmetric": False}),
     ("int4-g32-asym-sp24-nbits", {"quant": "int4", "group_size": 32, "symmetric": False, "sparsity": "2:4"}),
+    ("int8-g32-nbits", {"quant": "int8", "group_size": 32}),  # MatMulNBits bits=8
+    ("mxint8-nbits", {"quant": "mxint8", "group_size": 32}),
 ])
 def test_matmul_nbits_export_matches_the_sim_runtime(label, options, zoo_onnx, tmp_path):  # noqa: F811
     path, art = compile_and_export(str(zoo_onnx("llama", "legacy")), tmp_path, label, matmul_nbits=True,

@@ -16,7 +16,7 @@ from aviatorc.partition.weights import role_of, weights_from_config, weights_fro
 
 FORMATS = [WeightFormat("fp16"), WeightFormat("int8"), WeightFormat("int4", 128), WeightFormat("int4", 32, False),
            WeightFormat("mxint8", 32), WeightFormat("mxint4", 32), WeightFormat("int8", sparsity="2:4"),
-           WeightFormat("mxint4", 32, sparsity="2:4")]
+           WeightFormat("mxint4", 32, sparsity="2:4"), WeightFormat("int8", 128), WeightFormat("int8", 32, sparsity="2:4")]
 
 
 @given(length=st.integers(1, 5000), unit=st.sampled_from([16, 32, 64]), parts=st.integers(1, 70))

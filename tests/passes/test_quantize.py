@@ -31,7 +31,8 @@ def stored_bytes(graph, node) -> int:
     return sum(v.type.nbytes() for v in node.inputs if v is not None)
 
 
-@pytest.mark.parametrize("options", [dict(quant="int8"), dict(quant="int4", group_size=64),
+@pytest.mark.parametrize("options", [dict(quant="int8"), dict(quant="int8", group_size=32),
+                                     dict(quant="int4", group_size=64),
                                      dict(quant="int4", group_size=32, symmetric=False),
                                      dict(quant="mxint4"), dict(quant="mxint8")], ids=str)
 def test_structure_and_exact_bytes(options) -> None:
@@ -124,7 +125,7 @@ MOCK = SimpleNamespace(name="mock", matrix_unit_k=64, weight_formats=("int8", "m
      None, "group size 32 does not align with the matrix-unit depth 48 of target 'mock'; choose a group size that "
      "divides it or is a multiple of it"),
     (dict(quant="int4", quant_method="gptq"), None, None, "quantization method 'gptq' needs calibration data"),
-    (dict(quant="int4", quant_method="awq"), None, None, "quantization method 'awq' is not implemented"),
+    (dict(quant="int4", quant_method="awq"), None, None, "quantization method 'awq' needs calibration data"),
     (dict(quant="int4", activations="minmax"), None, None, "activation quantization (W8A8) needs int8 weights, not int4"),
     (dict(quant="int8", activations="minmax"), None, None, "activation ranges ('minmax') need calibration data"),
     (dict(quant="int8"), None, [{"input_ids": np.zeros((1, 4), np.int64)}, {"input_ids": np.zeros((1, 4), np.float32)}],
@@ -144,6 +145,50 @@ def test_bad_options_are_option_errors(options, target, calibration, message) ->
 def test_unsupported_group_size_is_an_option_error() -> None:
     with pytest.raises(OptionError, match="group size 48 is not supported; choose one of 32, 64, 128"):
         CompileOptions(quant="int4", group_size=48)
+
+
+@pytest.mark.parametrize("options, group, name", [
+    (dict(quant="int8"), 0, "int8"),  # no group size: int8 stays per output channel
+    (dict(quant="int8", group_size=0), 0, "int8"),
+    (dict(quant="int8", group_size=128), 128, "int8-g128"),
+    (dict(quant="int4"), 32, "int4-g32"),  # int4 and MX keep their default of 32
+    (dict(quant="int4", group_size=64, symmetric=False), 64, "int4-g64-asym"),
+    (dict(quant="mxint8"), 32, "mxint8-g32"),
+], ids=str)
+def test_group_size_defaults_per_format(options, group, name) -> None:
+    opts = CompileOptions(**options)
+    assert opts.weight_group_size == group
+    g = tiny_lm()
+    (record,) = run(g, quant_method="rtn", **options)
+    assert record.stats["format"] == name
+    assert {WeightFormat.from_attrs(n.attrs).name for n in dequant_nodes(g)} == {name}
+
+
+def test_a_zero_group_size_is_int8s_alone() -> None:
+    with pytest.raises(OptionError, match=r"int4 weights need a group size; 0 \(per output channel\) is int8's alone"):
+        CompileOptions(quant="int4", group_size=0)
+    with pytest.raises(OptionError, match="choose one of 32, 64, 128, or 0 for per output channel"):
+        CompileOptions(quant="int8", group_size=16)
+
+
+@pytest.mark.parametrize("method", ["rtn", "gptq"])
+def test_group_wise_int8_beats_per_channel_on_outlier_rows(method) -> None:
+    """A weight with outlier input channels: group-wise scales confine their coarse step to one
+    group, through the pass (RTN, and GPTQ with calibration), with exact stored bytes."""
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((256, 32)) * 0.02).astype(np.float32)
+    w[[7, 9]] *= 50
+    x = correlated_inputs(rng, 64, 256)
+    errors = {}
+    for group in (None, 32):
+        g = single_linear(256, 32, w)
+        batches = [{"x": x[i:i + 16]} for i in range(0, 64, 16)] if method == "gptq" else None
+        run(g, calibration=batches, quant="int8", group_size=group, quant_method=method)
+        node = dequant_nodes(g)[0]
+        assert stored_bytes(g, node) == WeightFormat("int8", group or 0).storage_bytes(256, 32)
+        y = evaluate(g, {"x": x})["y"]
+        errors[group] = float(np.linalg.norm(y - x @ w) / np.linalg.norm(x @ w))
+    assert errors[32] < 0.5 * errors[None], errors
 
 
 def test_weight_read_by_another_op_is_left_alone() -> None:

@@ -26,7 +26,7 @@ def output_error(x: np.ndarray, w: np.ndarray, w_hat: np.ndarray) -> float:
 def test_gptq_beats_rtn_on_correlated_inputs() -> None:
     x, w, h = layer()
     for fmt in (WeightFormat("int4", 32), WeightFormat("int4", 128, False), WeightFormat("mxint4", 32),
-                WeightFormat("int8")):
+                WeightFormat("int8"), WeightFormat("int8", 32)):
         rtn_err = output_error(x, w, pack_weight(w, fmt).dequantize())
         gptq_err = output_error(x, w, gptq_pack(w, h, fmt).dequantize())
         assert gptq_err < 0.8 * rtn_err, (fmt.name, gptq_err, rtn_err)

@@ -22,6 +22,7 @@ DENSE = [
     WeightFormat("fp16"),
     WeightFormat("bf16"),
     WeightFormat("int8"),
+    *[WeightFormat("int8", g) for g in (32, 128)],
     *[WeightFormat("int4", g, sym) for g in (32, 64, 128) for sym in (True, False)],
     *[WeightFormat(kind, g) for kind in ("mxint8", "mxint4") for g in (32, 128)],
 ]

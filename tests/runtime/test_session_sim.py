@@ -3,7 +3,7 @@
 - fp32 plans on the mock target (which lists fp32, so weights stay exact) against onnxruntime
   on the source ONNX file, within 1e-4;
 - a streaming plan (tiles staged through small SRAM) against the resident plan;
-- int8 / int4 plans against the interpreter on the quantized IR;
+- int8 (per channel and group-wise) / int4 plans against the interpreter on the quantized IR;
 - faults: each broken rule, bad feed and unrunnable artifact raises an error naming where.
 
 Models are the zoo's, exported with the legacy exporter (about 1 s each after the first, where
@@ -71,6 +71,7 @@ def compiled(zoo_onnx, tmp_path_factory):  # noqa: F811
         if key not in cache:
             arch, _, variant = key.partition(":")
             options = {"": {}, "int8": {"quant": "int8"}, "int4": {"quant": "int4", "group_size": 32},
+                       "int8-g32": {"quant": "int8", "group_size": 32},
                        # fp32 streams at 24 KiB (12 KiB cannot stage one fp32 strip beside the rest);
                        # int8 streams at the 12 KiB of tests/schedule's tiny target.
                        "stream": {"target": str(target_file(tmp, 24576)), "kv_cache": "lpddr"},
@@ -142,7 +143,7 @@ def test_a_streaming_plan_gives_the_resident_plans_outputs(streaming, resident, 
     np.testing.assert_allclose(out, Session(compiled(resident)).run(feeds)["logits"], rtol=0, atol=QUANT_ATOL)
 
 
-@pytest.mark.parametrize("key", ["llama:int8", "llama:int4", "gpt2:int4"])
+@pytest.mark.parametrize("key", ["llama:int8", "llama:int8-g32", "llama:int4", "gpt2:int4"])
 def test_a_quantized_plan_gives_the_interpreters_outputs_on_the_quantized_ir(key, compiled):
     result = compiled(key)
     feeds = feeds_of(key.split(":")[0])

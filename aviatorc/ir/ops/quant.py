@@ -48,7 +48,7 @@ def packed_layout(fmt: WeightFormat, k: int, n: int) -> list[tuple[str, str, tup
     slots: list[tuple[str, str, tuple[int, ...]] | None] = [None, None, None, None]
     if fmt.kind in _FLOAT_DTYPES:
         slots[0] = ("values", _FLOAT_DTYPES[fmt.kind], (ks, n))
-    elif fmt.kind == "int8":
+    elif not fmt.grouped:  # int8 per output channel
         slots[0] = ("values", "int8", (ks, n))
         slots[1] = ("scale", "float16", (n,))
     else:
@@ -139,7 +139,7 @@ def dequantize(arrays: tuple[np.ndarray | None, ...] | list[np.ndarray | None], 
     ks = stored_rows(fmt, k)
     if fmt.kind in _FLOAT_DTYPES:
         w = values.astype(np.float32)
-    elif fmt.kind == "int8":
+    elif not fmt.grouped:  # int8 per output channel
         assert scale is not None
         w = values.astype(np.float32) * scale.astype(np.float32)[None, :]
     else:
