@@ -343,7 +343,7 @@ def minilm(quick: bool) -> dict[str, Any]:
         side = run_side_by_side(Workload(onnx_path, feeds, score, cal, runs=3 if quick else 10), Path(tmp), quick)
     meta: dict[str, Any] = {"eval_sentences": len(EVAL_SENTENCES), "calibration_batches": len(cal),
             "calibration_tokens": int(sum(b["input_ids"].size for b in cal))}
-    return {"model": "minilm", "run": describe_run(), "meta": meta, "rows": rows, "compiled": compiled,
+    return {"model": "minilm", "run": describe_run(), "gptq_damping": damping_text(), "meta": meta, "rows": rows, "compiled": compiled,
             "side_by_side": side}
 
 
@@ -457,7 +457,7 @@ def smollm2(quick: bool) -> dict[str, Any]:
         side = run_side_by_side(Workload(onnx_path, feeds, score, masked, runs=3), Path(tmp), quick)
     meta: dict[str, Any] = {"eval_tokens": int(eval_ids.shape[1]), "calibration_batches": len(cal_ids),
             "calibration_tokens": int(sum(c.shape[1] for c in cal_ids))}
-    return {"model": "smollm2", "run": describe_run(), "meta": meta, "rows": rows, "side_by_side": side}
+    return {"model": "smollm2", "run": describe_run(), "gptq_damping": damping_text(), "meta": meta, "rows": rows, "side_by_side": side}
 
 
 def ppl(logits_SV: np.ndarray, ids_S: np.ndarray) -> float:
@@ -474,9 +474,20 @@ INTRO = ("aviatorc rows: weights through the `sparsify-2to4` / `quantize` passes
          "(see the script's docstring); embeddings FP16 in every aviatorc row. Calibrated rows are the passes' own "
          "sequential calibration of the whole model graph: a stage is the linears reading one activation (q/k/v, "
          "o, gate/up, down, lm_head), calibrated on the inputs the model produces with every earlier stage already "
-         "rewritten, each layer fit to the unquantized model's output. GPTQ damping: 3% of the mean Hessian "
-         "diagonal when a layer has at least K calibration tokens, else 10% (`gptq_damp`). Stored bytes are the "
-         "packed initializers of the quantized linear layers (checked equal to `WeightFormat.storage_bytes`).")
+         "rewritten, each layer fit to the unquantized model's output. GPTQ damping: {damping} (`gptq_damp`). "
+         "Stored bytes are the packed initializers of the quantized linear layers (checked equal to "
+         "`WeightFormat.storage_bytes`).")
+# What `gptq_damp` did in runs that saved no `gptq_damping` (before it became one constant).
+OLD_DAMPING = "3% of the mean Hessian diagonal when a layer has at least K calibration tokens, else 10%"
+
+
+def damping_text() -> str:
+    """This run's GPTQ damping, in words, for the page."""
+    from aviatorc.passes.quantize import gptq_damp
+
+    small, large = gptq_damp(1, 1024), gptq_damp(4096, 1024)
+    return (f"{small:.0%} of the mean Hessian diagonal" if small == large else
+            f"{large:.0%} of the mean Hessian diagonal when a layer has at least K calibration tokens, else {small:.0%}")
 
 
 def size_cell(r: dict) -> str:
@@ -487,7 +498,8 @@ def render(data: dict) -> str:
     """The page of one model (`data["model"]`), every figure from `data`."""
     body = render_minilm(data) if data["model"] == "minilm" else render_smollm2(data)
     return "\n".join(["# bench_quant: accuracy on real weights", "",
-                      f"Produced by `python tools/bench_quant.py --only {data['model']}`; run: {data['run']}. {INTRO}",
+                      f"Produced by `python tools/bench_quant.py --only {data['model']}`; run: {data['run']}. "
+                      + INTRO.format(damping=data.get("gptq_damping", OLD_DAMPING)),
                       "", *body])
 
 
