@@ -228,6 +228,8 @@ class CudaBackend(SimBackend):
     streams-and-events code (`device="cpu"`, a debug switch). Same constructor and `run` as the
     sim; `counts.extra["cuda"]` holds the run's figures."""
 
+    replays = False  # every run issues its copies and kernels and times them
+
     def __init__(self, program: Program, graph: Graph, weights: WeightStore, *, sram_bytes: int,
                  device: str = "cuda") -> None:
         if device not in ("cuda", "cpu"):
@@ -345,11 +347,11 @@ class _CudaRun(_Run):
 
     # -- the kernels that read weight buffers ------------------------------------------------
 
-    def _strip_product(self, c: int, buf: str, x: np.ndarray, tile_id: str, a: int, b: int,
-                       dtype: np.dtype) -> np.ndarray:
+    def _strip_product(self, c: int, buf: str, slot: int, tile_id: str, a: int, b: int, dtype: np.dtype) -> int:
+        x = self.env[slot]
         out_dtype = np.result_type(x.dtype, dtype)
         if not (_torch_takes(x.dtype) and _torch_takes(dtype)):
-            return super()._strip_product(c, buf, x, tile_id, a, b, dtype)
+            return super()._strip_product(c, buf, slot, tile_id, a, b, dtype)
         with self.timeline.on("compute"):
             x_d = self._to_device(x).to(_torch_dtype(out_dtype))
             begin = self.timeline.record("compute")
@@ -359,9 +361,9 @@ class _CudaRun(_Run):
             end = self.timeline.record("compute")
             result = y.cpu().numpy()
         self.kernels.append((begin, end))
-        return result.astype(x.dtype, copy=False)
+        return self._new(result.astype(x.dtype, copy=False))
 
-    def _table_rows(self, c: int, buf: str, rows: np.ndarray, index: np.ndarray) -> np.ndarray:
+    def _table_rows(self, c: int, buf: str, rows: np.ndarray, index: np.ndarray) -> np.ndarray:  # type: ignore[override]
         slot = self.slots[(c, buf)]
         table = slot if self.b.weights.tiles[self.b.program.buffers[buf].tile].is_embedding else slot.T
         with self.timeline.on("compute"):

@@ -159,6 +159,8 @@ def _receive(pending: _Pending, src: int, tag: int) -> None:
 class RankBackend(SimBackend):
     """The streams of rank `rank`'s chiplets; messages to other ranks' chiplets go over `link`."""
 
+    replays = False  # a run's messages to other ranks are part of what it does
+
     def __init__(self, program: Program, graph: Graph, weights: WeightStore, *, sram_bytes: int, rank: int,
                  link: Link, tag_base: int = 0) -> None:
         super().__init__(program, graph, weights, sram_bytes=sram_bytes)

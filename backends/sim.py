@@ -27,6 +27,15 @@ buffers for the whole program, plus the live staging buffers); a `recv` with no 
 read where no instruction brought it; a staging buffer left live; a deadlock. A run that
 faults returns nothing.
 
+The first run of a program is the checked one: it executes every instruction as above and
+records, in the order it ran them, each computation it made (a kernel, a strip product, a table
+lookup, the assembly of parts) with the slots its operands came from. Every rule above depends
+only on the program, never on the values, so a run that keeps them once keeps them always; later
+runs replay the recorded computations on the new feeds, and the moves between chiplets (send,
+recv) and the buffer bookkeeping (load, wait, free) cost nothing there. What does depend on the
+values is still checked on every run: a kernel that fails on them, an index outside its table.
+`SimBackend(..., replay=False)` checks every run in full.
+
 Not handled: tiles that split a MatMul weight's K rows (the partitioner cuts column strips).
 """
 
@@ -82,10 +91,10 @@ class RunCounts:
 
 @dataclass
 class _Chiplet:
-    """One chiplet's state during a run."""
+    """One chiplet's state during a run; values and parts are slots of the run's `env`."""
 
-    values: dict[str, np.ndarray] = field(default_factory=dict)
-    parts: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # value -> part -> array
+    values: dict[str, int] = field(default_factory=dict)
+    parts: dict[str, dict[str, int]] = field(default_factory=dict)  # value -> part -> slot
     live: dict[str, int] = field(default_factory=dict)  # staging buffer -> step of its load
     waited: set[str] = field(default_factory=set)
     freed: dict[str, int] = field(default_factory=dict)  # staging buffer -> step of its free
@@ -96,8 +105,13 @@ class _Chiplet:
 class SimBackend:
     """Runs one program of a plan on the CPU. Build once per session; `run` as often as needed."""
 
-    def __init__(self, program: Program, graph: Graph, weights: WeightStore, *, sram_bytes: int) -> None:
+    replays = True  # backends whose runs do more than compute (timings, messages) check every run
+
+    def __init__(self, program: Program, graph: Graph, weights: WeightStore, *, sram_bytes: int,
+                 replay: bool = True) -> None:
         self.program, self.graph, self.weights, self.sram_bytes = program, graph, weights, sram_bytes
+        self.replay = replay and self.replays
+        self._replay: _Replay | None = None
         self.nodes: dict[str, Node] = {n.name: n for n in graph.nodes}
         self.streams = {c: program.streams[c] for c in sorted(program.streams)}
         self.held = {c: 0 for c in self.streams}  # bytes held for the whole program
@@ -159,9 +173,51 @@ class SimBackend:
     def run(self, feeds: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], RunCounts]:
         """Run every stream to its end on `feeds` (checked arrays, by graph input name); return the
         graph's outputs. Raises `RuntimeFault` for the first rule the plan breaks."""
+        if self._replay is not None:
+            return self._replay.run(feeds, self.precedence.checkpoint)
         run = self._start_run(dict(feeds))
         run.execute()
-        return run.outputs(), run.counts
+        slots = run.output_slots()
+        if run.tape is not None:
+            self._replay = _Replay(run, slots)
+            self._strips.clear()  # the replay holds the strips it reads (fused ones in one matrix each)
+        return {name: run.env[slot] for name, slot in slots.items()}, run.counts
+
+    def fault(self, c: int, step: int, rule: str, message: str, **fields: Any) -> RuntimeFault:
+        """A fault at step `step` of stream `c`, the instruction quoted."""
+        stream = self.streams.get(c, [])
+        text = f"{format_instr(stream[step])}: " if 0 <= step < len(stream) else ""
+        return RuntimeFault(text + message, rule=rule, stream=c, step=step, **fields)
+
+    # -- the computations a run records (pure: their arrays in, their result out) ---------------
+
+    def kernel(self, c: int, step: int, node: Node, *ins: np.ndarray | None) -> list[np.ndarray]:
+        """A whole node's outputs: its IR kernel on its inputs."""
+        try:
+            outs = self.kernels[node.name](list(ins), dict(self.attrs[node.name]))
+        except AviatorError as error:
+            raise self.fault(c, step, "kernel", f"node '{node.name}' ({node.op}): {error}") from error
+        except Exception as error:  # a kernel failing on these values: name the node and the step
+            raise self.fault(c, step, "kernel", f"node '{node.name}' ({node.op}): {type(error).__name__}: "
+                             f"{error}") from error
+        return [np.asarray(array) for array in outs]
+
+    def lookup(self, c: int, step: int, node: Node, take: Any, buf: str, rows: np.ndarray, first: int, start: int,
+               stop: int, ids: np.ndarray) -> np.ndarray:
+        """A Gather's rows [start, stop) of a table tile (its rows from `first` on): the ids inside
+        looked up by `take`, zeros for the others."""
+        table = node.inputs[0]
+        assert table is not None
+        vocab = table.type.shape[0]
+        ids = ids.astype(np.int64)
+        if isinstance(vocab, int):
+            if ids.size and (ids.min() < -vocab or ids.max() >= vocab):
+                raise self.fault(c, step, "kernel", f"Gather '{node.name}': an index lies outside [-{vocab}, {vocab})")
+            ids = np.where(ids < 0, ids + vocab, ids)
+        inside = (ids >= start) & (ids < stop)
+        out = np.zeros(ids.shape + rows.shape[1:], dtype=numpy_dtype(table.type.dtype))
+        out[inside] = take(c, buf, rows, ids[inside] - first)
+        return out
 
     def _start_run(self, feeds: dict[str, np.ndarray]) -> _Run:
         """A run's state; a backend that executes the same instructions elsewhere returns its own."""
@@ -173,18 +229,31 @@ class _Run:
 
     def __init__(self, backend: SimBackend, feeds: dict[str, np.ndarray]) -> None:
         self.b = backend
-        self.feeds = feeds
+        self.env: list[Any] = [None]  # every array of the run, by slot; slot 0 is an absent input
+        self.feeds = {name: self._new(array) for name, array in feeds.items()}
+        self.initializers: dict[str, int] = {}
         self.chiplets = {c: _Chiplet(peak_bytes=backend.held.get(c, 0)) for c in backend.streams}
-        self.mailbox: dict[tuple[str, int, int], np.ndarray] = {}
+        self.mailbox: dict[tuple[str, int, int], int] = {}
         self.fired: set[str] = set()
         self.pc = dict.fromkeys(backend.streams, 0)
         self.counts = RunCounts()
         self.ops = Counter[str]()
+        self.tape: list[_Op] | None = [] if backend.replay else None  # the computations, for replays
 
     def fault(self, c: int, step: int, rule: str, message: str, **fields: Any) -> RuntimeFault:
-        stream = self.b.streams.get(c, [])
-        text = f"{format_instr(stream[step])}: " if 0 <= step < len(stream) else ""
-        return RuntimeFault(text + message, rule=rule, stream=c, step=step, **fields)
+        return self.b.fault(c, step, rule, message, **fields)
+
+    def _new(self, array: Any) -> int:
+        self.env.append(array)
+        return len(self.env) - 1
+
+    def _apply(self, fn: Any, static: tuple[Any, ...], slots: tuple[int, ...], many: bool = False) -> Any:
+        """`fn(*static, *arrays of slots)` into new slots (a list of them if `many`), recorded on the tape."""
+        result = fn(*static, *[self.env[s] for s in slots])
+        out: Any = [self._new(array) for array in result] if many else self._new(result)
+        if self.tape is not None:
+            self.tape.append((fn, static, slots, out, many))
+        return out
 
     def execute(self) -> None:
         streams = self.b.streams
@@ -234,15 +303,14 @@ class _Run:
                     raise self.fault(c, step, "unmatched-recv", f"no stream sends '{ins['value']}' from chiplet "
                                      f"{src} to chiplet {c}")
                 return False
-            self._store(c, ins["value"], self.mailbox.pop(key))
+            self._bind(c, ins["value"], self.mailbox.pop(key))
         elif op == "wait":
             if not self._wait(c, step, ins["event"]):
                 return False
         elif op == "compute":
             self._compute(c, step, ins)
         elif op == "send":
-            array = self._read_label(c, step, ins["value"])
-            self.mailbox[(ins["value"], c, ins["to"])] = array
+            self.mailbox[(ins["value"], c, ins["to"])] = self._label_slot(c, step, ins["value"])
             self.counts.bytes_sent += int(ins["bytes"])
         elif op == "load":
             self._load(c, step, ins)
@@ -329,38 +397,54 @@ class _Run:
 
     # -- values --------------------------------------------------------------------------
 
-    def _store(self, c: int, label: str, array: np.ndarray) -> None:
+    def _bind(self, c: int, label: str, slot: int) -> None:
         split = _split_label(label)
         if split:
-            self.chiplets[c].parts.setdefault(split[0], {})[split[1]] = array
+            self.chiplets[c].parts.setdefault(split[0], {})[split[1]] = slot
         else:
-            self.chiplets[c].values[label] = array
+            self.chiplets[c].values[label] = slot
 
-    def _read_label(self, c: int, step: int, label: str) -> np.ndarray:
+    def _store(self, c: int, label: str, array: np.ndarray) -> None:
+        """A value or part that arrived from outside the run (another process) onto chiplet c."""
+        self._bind(c, label, self._new(array))
+
+    def _label_slot(self, c: int, step: int, label: str) -> int:
         split = _split_label(label)
         if not split:
-            return self._read(c, step, label)
+            return self._slot(c, step, label)
         part = self.chiplets[c].parts.get(split[0], {}).get(split[1])
         if part is None:
             raise self.fault(c, step, "missing-value", f"part {split[1]} of '{split[0]}' is not on chiplet {c}")
         return part
 
+    def _read_label(self, c: int, step: int, label: str) -> np.ndarray:
+        return self.env[self._label_slot(c, step, label)]
+
     def _read(self, c: int, step: int, name: str) -> np.ndarray:
+        return self.env[self._slot(c, step, name)]
+
+    def _slot(self, c: int, step: int, name: str) -> int:
+        """The slot of value `name` as chiplet c reads it: computed or received there, a feed, its
+        parts there assembled, or an initializer."""
         state = self.chiplets[c]
         found = state.values.get(name)
         if found is not None:
             return found
-        if name in self.feeds:
-            return self.feeds[name]
+        found = self.feeds.get(name)
+        if found is not None:
+            return found
         if name in state.parts:
-            state.values[name] = self._assemble(c, step, name)
-            return state.values[name]
+            found = state.values[name] = self._assemble(c, step, name)
+            return found
         if name in self.b.graph.initializers:
-            array = self.b.weights.initializer(name)
-            if array is None:
-                raise self.fault(c, step, "missing-value", f"reads weight '{name}' whole, but the plan stores it "
-                                 "only as tiles")
-            return array
+            found = self.initializers.get(name)
+            if found is None:
+                array = self.b.weights.initializer(name)
+                if array is None:
+                    raise self.fault(c, step, "missing-value", f"reads weight '{name}' whole, but the plan stores "
+                                     "it only as tiles")
+                found = self.initializers[name] = self._new(array)
+            return found
         producer = self.b.graph.value(name).producer if self._known(name) else None
         made = f" (made by '{producer.name}', a {producer.op} node the program does not run)" if producer else ""
         raise self.fault(c, step, "missing-value", f"reads '{name}', which is not on chiplet {c}: no compute there "
@@ -373,7 +457,7 @@ class _Run:
             return False
         return True
 
-    def _assemble(self, c: int, step: int, name: str) -> np.ndarray:
+    def _assemble(self, c: int, step: int, name: str) -> int:
         """A weight node's value from its parts on this chiplet: every part the program computes."""
         have = self.chiplets[c].parts[name]
         expected = self.b.parts_of.get(name, set())
@@ -391,12 +475,8 @@ class _Run:
                 raise self.fault(c, step, "missing-value", f"parts of '{name}' do not tile it: {part} follows "
                                  f"[0, {position})")
             position = stop
-        if kinds == {"cols"}:
-            return np.concatenate([have[part] for _, _, _, part in spans], axis=-1)
-        total = have[spans[0][3]].copy()
-        for _, _, _, part in spans[1:]:
-            total += have[part]
-        return total
+        slots = tuple(have[part] for _, _, _, part in spans)
+        return self._apply(_columns if kinds == {"cols"} else _total, (), slots)
 
     # -- compute -------------------------------------------------------------------------
 
@@ -412,7 +492,7 @@ class _Run:
             # The KV chunks stand for reads of the cache (possibly on other chiplets, whose partial
             # results are sent home); the node runs whole at the last chunk, on its home chiplet.
             if start != stop - 1:
-                self.chiplets[c].parts.setdefault(node.outputs[0].name, {})[part] = np.zeros(0, np.float32)
+                self.chiplets[c].parts.setdefault(node.outputs[0].name, {})[part] = self._new(np.zeros(0, np.float32))
                 return
             kind = ""
         if kind == "":
@@ -434,25 +514,18 @@ class _Run:
         self.chiplets[c].parts.setdefault(node.outputs[0].name, {})[part] = out
 
     def _whole(self, c: int, step: int, node: Node) -> None:
-        ins = [self._read(c, step, v.name) if v is not None else None for v in node.inputs]
-        try:
-            outs = self.b.kernels[node.name](ins, dict(self.b.attrs[node.name]))
-        except AviatorError as error:
-            raise self.fault(c, step, "kernel", f"node '{node.name}' ({node.op}): {error}") from error
-        except Exception as error:  # a kernel failing on these values: name the node and the step
-            raise self.fault(c, step, "kernel", f"node '{node.name}' ({node.op}): {type(error).__name__}: "
-                             f"{error}") from error
+        slots = tuple(self._slot(c, step, v.name) if v is not None else 0 for v in node.inputs)
+        outs = self._apply(self.b.kernel, (c, step, node), slots, many=True)
         values = self.chiplets[c].values
-        for value, array in zip(node.outputs, outs):
-            values[value.name] = np.asarray(array)
+        for value, slot in zip(node.outputs, outs):
+            values[value.name] = slot
 
     def _weight_dtype(self, node: Node, index: int) -> np.dtype:
         value = node.inputs[index]
         assert value is not None  # a weight node always has its weight input
         return numpy_dtype(value.type.dtype)
 
-    def _matmul_part(self, c: int, step: int, node: Node, buf: str, tile_id: str, start: int,
-                     stop: int) -> np.ndarray:
+    def _matmul_part(self, c: int, step: int, node: Node, buf: str, tile_id: str, start: int, stop: int) -> int:
         tile = self.b.weights.tiles[tile_id]
         (k0, k1), (n0, n1) = tile.rows, tile.cols
         weight = node.inputs[1]
@@ -464,21 +537,15 @@ class _Run:
         if not n0 <= start < stop <= n1:
             raise self.fault(c, step, "bad-part", f"columns [{start}, {stop}) lie outside tile {tile_id}'s "
                              f"[{n0}, {n1})")
-        x = self._read(c, step, self._input_name(node, 0))
+        x = self._slot(c, step, self._input_name(node, 0))
         return self._strip_product(c, buf, x, tile_id, start - n0, stop - n0, self._weight_dtype(node, 1))
 
-    def _strip_product(self, c: int, buf: str, x: np.ndarray, tile_id: str, a: int, b: int,
-                       dtype: np.dtype) -> np.ndarray:
-        """x @ columns [a, b) of the tile in buffer `buf`: the kernel of a MatMul column strip, the
-        one a backend with its own memory replaces (the checks around it stay the sim's)."""
-        w_kn = self.b.strip(tile_id, a, b, dtype)
-        if x.ndim > 2:  # one 2-D GEMM over all tokens: numpy loops a stacked matmul batch by batch
-            rows = x.reshape(-1, x.shape[-1])
-            return np.matmul(rows, w_kn).astype(x.dtype, copy=False).reshape(*x.shape[:-1], w_kn.shape[1])
-        return np.matmul(x, w_kn).astype(x.dtype, copy=False)  # as the MatMul kernel: numpy's bf16 runs in fp32
+    def _strip_product(self, c: int, buf: str, x: int, tile_id: str, a: int, b: int, dtype: np.dtype) -> int:
+        """The slot of env[x] @ columns [a, b) of the tile in buffer `buf`: the kernel of a MatMul
+        column strip, the one a backend with its own memory replaces (the checks around it stay the sim's)."""
+        return self._apply(_product, (self.b.strip(tile_id, a, b, dtype),), (x,))
 
-    def _gather_part(self, c: int, step: int, node: Node, buf: str, tile_id: str, start: int,
-                     stop: int) -> np.ndarray:
+    def _gather_part(self, c: int, step: int, node: Node, buf: str, tile_id: str, start: int, stop: int) -> int:
         tile = self.b.weights.tiles[tile_id]
         matrix = self.b.weights.tile(tile_id)
         # An embedding tile is stored as its table rows; a tied head's strip as [hidden, rows]: transposed.
@@ -488,20 +555,11 @@ class _Run:
         if not first <= start < stop <= first + rows.shape[0]:
             raise self.fault(c, step, "bad-part", f"rows [{start}, {stop}) lie outside tile {tile_id}'s rows "
                              f"[{first}, {first + rows.shape[0]})")
-        table = node.inputs[0]
-        assert table is not None
-        vocab = table.type.shape[0]
-        ids = self._read(c, step, self._input_name(node, 1)).astype(np.int64)
-        if isinstance(vocab, int):
-            if ids.size and (ids.min() < -vocab or ids.max() >= vocab):
-                raise self.fault(c, step, "kernel", f"Gather '{node.name}': an index lies outside [-{vocab}, {vocab})")
-            ids = np.where(ids < 0, ids + vocab, ids)
-        inside = (ids >= start) & (ids < stop)
-        out = np.zeros(ids.shape + rows.shape[1:], dtype=self._weight_dtype(node, 0))
-        out[inside] = self._table_rows(c, buf, rows, ids[inside] - first)
-        return out
+        ids = self._slot(c, step, self._input_name(node, 1))
+        return self._apply(self.b.lookup, (c, step, node, self._table_rows, buf, rows, first, start, stop), (ids,))
 
-    def _table_rows(self, c: int, buf: str, rows: np.ndarray, index: np.ndarray) -> np.ndarray:
+    @staticmethod
+    def _table_rows(c: int, buf: str, rows: np.ndarray, index: np.ndarray) -> np.ndarray:
         """`rows[index]`, rows the lookup table held in buffer `buf`: the kernel of a Gather row
         part, the one a backend with its own memory replaces (the checks around it stay the sim's)."""
         return rows[index]
@@ -513,16 +571,108 @@ class _Run:
 
     # -- results -------------------------------------------------------------------------
 
-    def outputs(self) -> dict[str, np.ndarray]:
-        result: dict[str, np.ndarray] = {}
+    def output_slots(self) -> dict[str, int]:
+        result: dict[str, int] = {}
         for value in self.b.graph.outputs:
             holders = [c for c, s in self.chiplets.items() if value.name in s.values or value.name in s.parts]
             if value.name in self.feeds:
                 result[value.name] = self.feeds[value.name]
             elif holders:
                 last = max(holders, key=lambda c: (value.name in self.chiplets[c].values, -c))
-                result[value.name] = self._read(last, len(self.b.streams[last]) - 1, value.name)
+                result[value.name] = self._slot(last, len(self.b.streams[last]) - 1, value.name)
             else:
                 raise RuntimeFault(f"the program never computes the graph output '{value.name}'", rule="missing-value",
                                    value=value.name)
         return result
+
+    def outputs(self) -> dict[str, np.ndarray]:
+        return {name: self.env[slot] for name, slot in self.output_slots().items()}
+
+
+_Op = tuple[Any, tuple[Any, ...], tuple[int, ...], Any, bool]  # fn, static arguments, operand slots, result slot(s), many
+
+
+class _Replay:
+    """A checked run's computations, in the order it made them, to run again on new feeds.
+
+    The slots the recorded run filled with feeds or with results are empty in the template; the
+    others hold its constants (initializers, empty KV parts)."""
+
+    def __init__(self, run: _Run, outputs: dict[str, int]) -> None:
+        assert run.tape is not None
+        self.ops = _fuse_products(run.tape)
+        self.feeds = run.feeds
+        self.outputs = outputs
+        self.counts = run.counts
+        filled = set(run.feeds.values())
+        for _, _, _, out, many in self.ops:
+            filled.update(out if many else (out,))
+        self.template: list[Any] = [None if slot in filled else array for slot, array in enumerate(run.env)]
+
+    def run(self, feeds: Mapping[str, np.ndarray], checkpoint: Any) -> tuple[dict[str, np.ndarray], RunCounts]:
+        env = self.template.copy()
+        for name, slot in self.feeds.items():
+            if name not in feeds:
+                raise RuntimeFault(f"the program reads the graph input '{name}', which the feeds lack",
+                                   rule="missing-value", value=name)
+            env[slot] = feeds[name]
+        for fn, static, slots, out, many in self.ops:
+            checkpoint()
+            result = fn(*static, *[env[s] for s in slots])
+            if many:
+                for slot, array in zip(out, result):
+                    env[slot] = array
+            else:
+                env[out] = result
+        counts = self.counts
+        return ({name: env[slot] for name, slot in self.outputs.items()},
+                RunCounts(dict(counts.instructions), counts.bytes_loaded, counts.bytes_sent,
+                          dict(counts.peak_sram_bytes), {}))
+
+
+def _product(w_kn: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """x @ w_kn in x's dtype (as the MatMul kernel: numpy's bf16 runs in fp32)."""
+    if x.ndim > 2:  # one 2-D GEMM over all tokens: numpy loops a stacked matmul batch by batch
+        rows = x.reshape(-1, x.shape[-1])
+        return np.matmul(rows, w_kn).astype(x.dtype, copy=False).reshape(*x.shape[:-1], w_kn.shape[1])
+    return np.matmul(x, w_kn).astype(x.dtype, copy=False)
+
+
+def _products(w_kn: np.ndarray, bounds: tuple[tuple[int, int], ...], x: np.ndarray) -> list[np.ndarray]:
+    """x @ w_kn, split into the column ranges `bounds`: several strip products in one GEMM."""
+    y = _product(w_kn, x)
+    return [y[..., a:b] for a, b in bounds]
+
+
+def _fuse_products(ops: list[_Op]) -> list[_Op]:
+    """The strip products that read the same activation (one weight's strips across chiplets, or
+    q, k and v of one norm) as one GEMM over their strips side by side, at the first one's place:
+    a product depends on its activation alone, so each result only becomes ready earlier. One
+    wide GEMM reads the weights at a higher rate than many narrow ones."""
+    groups: dict[tuple[int, np.dtype, int], list[int]] = {}
+    for i, (fn, static, slots, _, _) in enumerate(ops):
+        if fn is _product:
+            groups.setdefault((slots[0], static[0].dtype, static[0].shape[0]), []).append(i)
+    fused: dict[int, _Op] = {}
+    dropped: set[int] = set()
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        strips = [ops[i][1][0] for i in members]
+        edges = np.cumsum([0] + [w.shape[1] for w in strips]).tolist()
+        bounds = tuple(zip(edges[:-1], edges[1:]))
+        fused[members[0]] = (_products, (np.concatenate(strips, axis=1), bounds), ops[members[0]][2],
+                             [ops[i][3] for i in members], True)
+        dropped.update(members[1:])
+    return [fused.get(i, op) for i, op in enumerate(ops) if i not in dropped]
+
+
+def _columns(*parts: np.ndarray) -> np.ndarray:
+    return np.concatenate(parts, axis=-1)
+
+
+def _total(first: np.ndarray, *rest: np.ndarray) -> np.ndarray:
+    total = first.copy()
+    for part in rest:
+        total += part
+    return total

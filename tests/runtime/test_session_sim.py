@@ -303,3 +303,45 @@ def test_shape_only_artifacts_and_unknown_devices_are_not_runnable(tmp_path, sav
     # device="cuda" without a GPU: tests/runtime/test_cuda.py
     with pytest.raises(aviatorc.AviatorError, match="unknown device 'tpu'"):
         Session(saved("llama"), device="tpu")
+
+
+# -- replays ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["llama", "bert", "llama:int4", "llama:int8-stream"])
+def test_later_runs_replay_the_checked_run_and_give_a_checked_runs_outputs(key, compiled):
+    from aviatorc.backends.sim import SimBackend
+
+    session = Session(compiled(key))
+    replaying = session._backend
+    checked = SimBackend(replaying.program, replaying.graph, replaying.weights, sram_bytes=replaying.sram_bytes,
+                         replay=False)
+    rng = np.random.default_rng(1)
+    seen = []
+    for seed in range(3):  # the first run is the checked one; the others replay it on other values
+        feeds = zoo.example_inputs(key.split(":")[0], seed=seed)
+        arrays = {name: tensor.numpy() for name, tensor in feeds.items()}
+        arrays["attention_mask"][0, rng.integers(4, 8):] = 0 if seed else 1
+        got, got_counts = replaying.run(arrays)
+        want, want_counts = checked.run(arrays)
+        assert set(got) == set(want)
+        for name in want:
+            # Strip products reading one activation run as one GEMM in a replay: the same sums,
+            # possibly blocked differently by BLAS.
+            np.testing.assert_allclose(got[name], want[name], rtol=0, atol=QUANT_ATOL)
+        assert got_counts.instructions == want_counts.instructions and got_counts.bytes_sent == want_counts.bytes_sent
+        assert got_counts.peak_sram_bytes == want_counts.peak_sram_bytes
+        seen.append(next(iter(got.values())))
+    assert not np.allclose(seen[1], seen[2]), "a replay must compute its own feeds' outputs"
+
+
+def test_a_fault_that_depends_on_the_values_is_caught_in_a_replay_too(compiled):
+    session = Session(compiled("llama"))
+    feeds = feeds_of("llama")
+    session.run(feeds)  # checked; later runs replay
+    before = session.stats
+    bad = {**feeds, "input_ids": np.full_like(feeds["input_ids"], 1000)}  # past the vocabulary of 128
+    with pytest.raises(RuntimeFault, match=r"step \d+: compute .*index") as info:
+        session._backend.run(bad)
+    assert info.value.rule == "kernel" and info.value.stream is not None and info.value.step is not None
+    assert session.stats is before
