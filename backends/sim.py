@@ -32,7 +32,9 @@ records, in the order it ran them, each computation it made (a kernel, a strip p
 lookup, the assembly of parts) with the slots its operands came from. Every rule above depends
 only on the program, never on the values, so a run that keeps them once keeps them always; later
 runs replay the recorded computations on the new feeds, and the moves between chiplets (send,
-recv) and the buffer bookkeeping (load, wait, free) cost nothing there. What does depend on the
+recv) and the buffer bookkeeping (load, wait, free) cost nothing there. The first run returns
+its replay's outputs as well (computed once more), so that the same feeds give the same outputs
+on every run: a replay runs the strip products that read one activation as one GEMM. What does depend on the
 values is still checked on every run: a kernel that fails on them, an index outside its table.
 `SimBackend(..., replay=False)` checks every run in full.
 
@@ -178,10 +180,13 @@ class SimBackend:
         run = self._start_run(dict(feeds))
         run.execute()
         slots = run.output_slots()
-        if run.tape is not None:
-            self._replay = _Replay(run, slots)
-            self._strips.clear()  # the replay holds the strips it reads (fused ones in one matrix each)
-        return {name: run.env[slot] for name, slot in slots.items()}, run.counts
+        if run.tape is None:
+            return {name: run.env[slot] for name, slot in slots.items()}, run.counts
+        self._replay = _Replay(run, slots)
+        self._strips.clear()  # the replay holds the strips it reads (fused ones in one matrix each)
+        # The first run's outputs are the replay's too: fused products may round differently from
+        # the checked run's strips, and the same feeds must give the same outputs on every run.
+        return self._replay.run(feeds, self.precedence.checkpoint)
 
     def fault(self, c: int, step: int, rule: str, message: str, **fields: Any) -> RuntimeFault:
         """A fault at step `step` of stream `c`, the instruction quoted."""

@@ -48,6 +48,7 @@ from aviatorc.runtime.weights import WeightStore
 from aviatorc.target import Target
 
 CONTROL = 1 << 28
+JOIN_S = 60.0  # the least time ranks are given to start and join
 GROUP_TIMEOUT = timedelta(days=7)  # gloo's own limit on a wait; ours are `timeout_s`, polled
 _REPORT, _FEEDS, _OUTPUTS = CONTROL + 2, CONTROL + (1 << 20), CONTROL + (2 << 20)
 ERROR_LINE = "aviatorc-rank-error: "  # a failing rank's last stderr line, then JSON
@@ -224,12 +225,14 @@ class Cluster:
 
         thread = threading.Thread(target=join, daemon=True, name="join ranks")
         thread.start()
-        deadline = time.monotonic() + self.timeout_s
+        # A rank imports torch before it joins: seconds on a busy machine, whatever the run's timeout.
+        join_s = max(self.timeout_s, JOIN_S)
+        deadline = time.monotonic() + join_s
         try:
             while not joined:
                 self._watchdog()
                 if time.monotonic() > deadline:
-                    raise RuntimeFault(f"the ranks did not join within {self.timeout_s:g} s", rule="rank-failed")
+                    raise RuntimeFault(f"the ranks did not join within {join_s:g} s", rule="rank-failed")
                 thread.join(0.02)
             if joined[0] is not None:
                 raise RuntimeFault(f"the ranks did not join: {joined[0]}", rule="rank-failed")

@@ -317,7 +317,7 @@ def test_later_runs_replay_the_checked_run_and_give_a_checked_runs_outputs(key, 
     checked = SimBackend(replaying.program, replaying.graph, replaying.weights, sram_bytes=replaying.sram_bytes,
                          replay=False)
     rng = np.random.default_rng(1)
-    seen = []
+    seen, fed = [], []
     for seed in range(3):  # the first run is the checked one; the others replay it on other values
         feeds = zoo.example_inputs(key.split(":")[0], seed=seed)
         arrays = {name: tensor.numpy() for name, tensor in feeds.items()}
@@ -332,7 +332,10 @@ def test_later_runs_replay_the_checked_run_and_give_a_checked_runs_outputs(key, 
         assert got_counts.instructions == want_counts.instructions and got_counts.bytes_sent == want_counts.bytes_sent
         assert got_counts.peak_sram_bytes == want_counts.peak_sram_bytes
         seen.append(next(iter(got.values())))
+        fed.append(arrays)
     assert not np.allclose(seen[1], seen[2]), "a replay must compute its own feeds' outputs"
+    for arrays, first in zip(fed, seen):  # the same feeds, the same outputs, the checked run's included
+        np.testing.assert_array_equal(next(iter(replaying.run(arrays)[0].values())), first)
 
 
 def test_a_fault_that_depends_on_the_values_is_caught_in_a_replay_too(compiled):
