@@ -14,9 +14,7 @@ from pathlib import Path
 from typing import Any
 
 
-def describe_run() -> str:
-    """Which code produced the figures: the commit, and whether the tree had uncommitted changes."""
-
+def _describe_tree() -> str:
     def git(*args: str) -> str:
         done = subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).parent)
         return done.stdout.strip()
@@ -24,6 +22,15 @@ def describe_run() -> str:
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
     dirty = git("status", "--porcelain", "--untracked-files=no")
     return f"commit {commit}" + (" with uncommitted changes" if dirty else "")
+
+
+_AT_START = _describe_tree()  # the scripts import this module first: the tree their run started from
+
+
+def describe_run() -> str:
+    """Which code produced the figures: the commit, and whether the tree had uncommitted changes,
+    as they were when the script started (a run takes minutes; the tree may move under it)."""
+    return _AT_START
 
 
 def previous_run(saved: Path) -> dict[str, Any] | None:
