@@ -231,7 +231,7 @@ class CudaBackend(SimBackend):
     replays = False  # every run issues its copies and kernels and times them
 
     def __init__(self, program: Program, graph: Graph, weights: WeightStore, *, sram_bytes: int,
-                 device: str = "cuda") -> None:
+                 replay: bool = False, device: str = "cuda") -> None:
         if device not in ("cuda", "cpu"):
             raise NotRunnableError(f"the cuda backend runs on 'cuda' (or 'cpu' to debug), not '{device}'")
         if device == "cuda" and (missing := cuda_missing()):

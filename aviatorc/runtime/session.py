@@ -25,7 +25,8 @@ attention_mask, and each slot gets its own position ids. A batch-1 graph steps s
 `prefill` runs one slot at a time.
 
 Devices: `sim` (`aviatorc.backends.sim`, the instruction streams on the CPU, checking every
-rule of the plan as it runs); `cuda` (`aviatorc.backends.cuda`: the same streams with the weight
+rule of the plan on each program's first run, replaying its computations after; `replay=False`
+checks every run); `cuda` (`aviatorc.backends.cuda`: the same streams with the weight
 reads on a GPU, loads on a copy stream; its copy, compute and overlap figures in `stats.extra["cuda"]`).
 """
 
@@ -93,7 +94,7 @@ class Session:
     `CompileResult` (saved to a temporary artifact first: one loading path for all three)."""
 
     def __init__(self, source: str | os.PathLike[str] | Artifact | SavesArtifact, device: str = "sim", *,
-                 world: int = 1, timeout_s: float = 60.0) -> None:
+                 world: int = 1, timeout_s: float = 60.0, replay: bool = True) -> None:
         if device not in DEVICES:
             raise OptionError(f"unknown device '{device}'", hint=f"choose one of {', '.join(DEVICES)}")
         if world < 1:
@@ -119,7 +120,7 @@ class Session:
         backend = backend_class(device)  # CudaBackend refuses to build without a GPU (NotRunnableError)
         # Every program's backend now: one whose held buffers overflow the SRAM is refused here.
         self._backends: dict[str, Any] = {
-            phase: backend(program, self.graph, self.weights, sram_bytes=self.target.chiplet.sram_bytes)
+            phase: backend(program, self.graph, self.weights, sram_bytes=self.target.chiplet.sram_bytes, replay=replay)
             for phase, program in sorted(self.artifact.programs.items())}
         self.precedence = Precedence()  # `with session.precedence.first():` pauses this session's other steps
         for phase_backend in self._backends.values():
