@@ -65,3 +65,18 @@ def test_decode_step_with_kv_cache_matches_eager(arch):
     assert len(got) == len(expected)
     for out, ref in zip(got.values(), expected, strict=True):
         assert np.abs(out - ref.numpy()).max() <= TOL
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_the_compilers_step_graph_converts_without_decomposing(arch):
+    """Any op outside the converters sends the whole program through `run_decompositions`, which
+    re-traces it with symbolic shapes: about 45 s of SmolLM2-135M's compile, for two `detach_` of
+    constants the step's forward makes per layer, before `detach_` was converted."""
+    from aviatorc.frontends.torch import aten, decoder, exporter
+    from aviatorc.frontends.torch.importer import unconvertible
+
+    model = zoo.build_model(arch).inner.eval()
+    step = decoder.decode_step_class()(model)
+    ep = exporter.export(step, decoder.example_step(model), {},
+                         dynamic_shapes=decoder.step_dynamic_shapes(model.config.num_hidden_layers))
+    assert unconvertible(ep, aten.load()) == {}
