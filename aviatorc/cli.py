@@ -37,9 +37,11 @@ from aviatorc.options import (
     SPARSITY_CHOICES,
     SPARSITY_METHODS,
     CompileOptions,
+    ServerLimits,
 )
 
 DEFAULTS = CompileOptions()
+LIMITS = ServerLimits()
 
 EXIT_USER_ERROR = 1
 EXIT_USAGE_ERROR = 2
@@ -254,6 +256,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", metavar="ARTIFACT", help="a small draft model for speculative decoding of the first "
                    "artifact (greedy requests)")
     p.add_argument("--num-speculative-tokens", type=int, default=4, metavar="K", help="draft tokens per step")
+    p.add_argument("--shutdown-timeout", type=float, default=LIMITS.shutdown_timeout_s, metavar="S",
+                   help="on SIGTERM, how long the requests in progress may run on before they end with an error "
+                   "(new ones get 503 meanwhile)")
+    p.add_argument("--max-request-bytes", type=int, default=LIMITS.max_request_bytes, metavar="N",
+                   help="larger request bodies get 413, before any parsing")
+    p.add_argument("--read-timeout", type=float, default=LIMITS.read_timeout_s, metavar="S",
+                   help="a client must send a request's head within S seconds, and each piece of its body within "
+                   "S seconds of the last (408)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="warning")
     p.set_defaults(handler=cmd_serve)
 
@@ -500,10 +510,27 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+# What `aviatorc serve` imports from the `serve` extra (pyproject.toml).
+SERVE_MODULES = ("fastapi", "uvicorn", "sse_starlette", "prometheus_client")
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    import importlib
+
     from aviatorc.errors import OptionError
+
+    for module in SERVE_MODULES:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise OptionError(f"`aviatorc serve` needs '{module}', which is not installed",
+                              hint="pip install 'aviatorc[serve]'") from None
+
     from aviatorc.serve.server import serve
     from aviatorc.serve.tenants import EngineOptions, ModelSpec
+
+    limits = ServerLimits(max_request_bytes=args.max_request_bytes, read_timeout_s=args.read_timeout,
+                          shutdown_timeout_s=args.shutdown_timeout)
 
     count = len(args.artifacts)
 
@@ -523,7 +550,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options = EngineOptions(max_num_seqs=args.max_num_seqs, policy=args.scheduling_policy, max_queue=args.max_queue,
                             request_timeout_s=args.request_timeout, draft=args.draft,
                             num_speculative_tokens=args.num_speculative_tokens)
-    serve(specs, options, host=args.host, port=args.port, log_level=args.log_level)
+    serve(specs, options, host=args.host, port=args.port, log_level=args.log_level, limits=limits)
     return 0
 
 

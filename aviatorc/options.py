@@ -1,4 +1,4 @@
-"""Compile options: one vocabulary for the Python API and the CLI.
+"""Compile options (and the server's limits): one vocabulary for the Python API and the CLI.
 
 `aviatorc.compile(source, quant="int4", group_size=32, ...)` and
 `aviatorc compile MODEL --quant int4 --group-size 32 ...` build the same `CompileOptions`;
@@ -178,3 +178,21 @@ def format_chiplets(ids: Sequence[int]) -> str:
         else:
             runs.append([c, c])
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What `aviatorc serve` lets one client cost it (`aviatorc.serve.limits`), and how it stops."""
+
+    # A 128k-token prompt is about 0.8 MB of JSON as ids, 0.5 MB as text; decoding the largest body
+    # allowed holds the interpreter for tens of milliseconds (so /health still answers in 0.1 s).
+    max_request_bytes: int = 2 << 20
+    read_timeout_s: float = 30.0  # for a request's head, and between two pieces of its body
+    shutdown_timeout_s: float = 20.0  # requests running at SIGTERM may finish within this
+
+    def __post_init__(self) -> None:
+        if self.max_request_bytes < 1:
+            raise OptionError(f"--max-request-bytes must be >= 1, not {self.max_request_bytes}")
+        for flag, value in (("--read-timeout", self.read_timeout_s), ("--shutdown-timeout", self.shutdown_timeout_s)):
+            if not value > 0:  # also refuses NaN
+                raise OptionError(f"{flag} must be > 0 seconds, not {value}")

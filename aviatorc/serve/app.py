@@ -10,7 +10,13 @@ Streaming sends `data: {chunk}` events, `finish_reason` on each choice's last on
 chunk when `stream_options.include_usage`, then `data: [DONE]`. Each choice carries its
 `token_ids` when `return_token_ids` is true, and always for a model without a tokenizer (its
 `text` is then empty). Errors use OpenAI's body: `{"error": {"message", "type", "param", "code"}}`:
-400 for a bad request, 404 for an unknown model, 429 for a full queue, 504 for a timeout.
+400 for a bad request (a body that is not UTF-8 or not JSON among them), 404 for an unknown model
+or path, 413 for a body over `--max-request-bytes`, 429 for a full queue, 503 while the server
+shuts down, 504 for a timeout.
+
+Bodies are parsed in a worker thread, so a large one never stalls the event loop (`/health` keeps
+answering). While the server drains (SIGTERM, `aviatorc.serve.server`), new generation requests
+get 503 and `/health` answers 503 `draining`; the requests already accepted run on.
 """
 
 from __future__ import annotations
@@ -28,14 +34,24 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
+from starlette.exceptions import HTTPException
 
 from aviatorc.errors import AviatorError
 from aviatorc.serve.engine import Finished, GenerationRequest, QueueFull, Token
 from aviatorc.serve.metrics import Registry
-from aviatorc.serve.protocol import ChatRequest, CompletionRequest, SamplingFields, TextStream
+from aviatorc.serve.protocol import (
+    Body,
+    Bounds,
+    ChatRequest,
+    CompletionRequest,
+    SamplingFields,
+    TextStream,
+    error_body,
+    parse_request,
+)
 from aviatorc.serve.tenants import ServedModel
 
-_STATUS = {"timeout": 504, "error": 500, "cancelled": 499}
+_STATUS = {"timeout": 504, "error": 500, "cancelled": 499, "shutdown": 503}  # a request's end -> its HTTP status
 log = logging.getLogger("aviatorc.serve")
 
 
@@ -45,8 +61,11 @@ class HTTPError(Exception):
         super().__init__(message)
 
 
-def error_body(status: int, message: str, kind: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+def _ended(end: Finished) -> tuple[int, dict[str, Any]]:
+    """The status and error body of a request that ended without its tokens."""
+    status = _STATUS[end.reason]
+    kind = {"timeout": "timeout_error", "shutdown": "service_unavailable_error"}.get(end.reason, "server_error")
+    return status, error_body(status, end.message or end.reason, kind)
 
 
 def create_app(models: dict[str, ServedModel], registry: Registry) -> FastAPI:
@@ -64,6 +83,7 @@ def create_app(models: dict[str, ServedModel], registry: Registry) -> FastAPI:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     app = FastAPI(title="aviatorc", lifespan=lifespan)
+    app.state.draining = False
 
     @app.exception_handler(HTTPError)
     async def _http_error(request: Request, error: HTTPError) -> JSONResponse:
@@ -84,11 +104,19 @@ def create_app(models: dict[str, ServedModel], registry: Registry) -> FastAPI:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in error.errors())
         return JSONResponse(error_body(400, problems or "invalid request", "invalid_request_error"), status_code=400)
 
+    @app.exception_handler(HTTPException)
+    async def _routing(request: Request, error: HTTPException) -> JSONResponse:  # an unknown path, a wrong method
+        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(error.status_code, f"{request.method} {request.url.path}: {error.detail}", kind),
+                            status_code=error.status_code, headers=error.headers)
+
     @app.get("/health")
     async def health() -> JSONResponse:
         dead = [t.get_name() for t in getattr(app.state, "tasks", []) if t.done()]
         if dead:
             return JSONResponse({"status": "error", "stopped": dead}, status_code=503)
+        if app.state.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
@@ -101,14 +129,24 @@ def create_app(models: dict[str, ServedModel], registry: Registry) -> FastAPI:
             {"id": m.name, "object": "model", "created": m.created, "owned_by": "aviatorc",
              "max_model_len": m.session.context, "max_num_seqs": m.engine.slots} for m in models.values()]}
 
-    @app.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionRequest, raw: Request) -> Any:
+    bounds = Bounds(prompts=max(m.engine.max_queue + m.engine.slots for m in models.values()),
+                    tokens=max(m.session.context for m in models.values()))
+
+    async def accept(raw: Request, kind: type[Body]) -> Body:
+        if app.state.draining:
+            raise HTTPError(503, "the server is shutting down", "service_unavailable_error")
+        return await asyncio.to_thread(parse_request, await raw.body(), kind, bounds)
+
+    @app.post("/v1/completions", response_model=None, openapi_extra=_schema(CompletionRequest))
+    async def completions(raw: Request) -> Any:
+        body = await accept(raw, CompletionRequest)
         model = _model(models, body.model)
         prompts = _completion_prompts(model, body.prompt)
         return await _serve(model, body, prompts, raw, chat=False)
 
-    @app.post("/v1/chat/completions", response_model=None)
-    async def chat(body: ChatRequest, raw: Request) -> Any:
+    @app.post("/v1/chat/completions", response_model=None, openapi_extra=_schema(ChatRequest))
+    async def chat(raw: Request) -> Any:
+        body = await accept(raw, ChatRequest)
         model = _model(models, body.model)
         if model.tokenizer is None or not getattr(model.tokenizer, "chat_template", None):
             raise HTTPError(400, f"model '{model.name}' has no tokenizer with a chat template: chat needs one "
@@ -123,6 +161,11 @@ def create_app(models: dict[str, ServedModel], registry: Registry) -> FastAPI:
         return await _serve(model, body, [model.tokenizer.encode(text, add_special_tokens=False)], raw, chat=True)
 
     return app
+
+
+def _schema(kind: type[Body]) -> dict[str, Any]:
+    # The body is parsed by hand (off the event loop): tell the OpenAPI page its shape.
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": kind.model_json_schema()}}}}
 
 
 def _model(models: dict[str, ServedModel], name: str | None) -> ServedModel:
@@ -249,8 +292,8 @@ async def _complete(model: ServedModel, shape: _Shape, requests: list[Generation
     ends: list[Finished] = waiting.result()
     for end in ends:
         if end.reason in _STATUS:
-            raise HTTPError(_STATUS[end.reason], end.message or end.reason,
-                            "timeout_error" if end.reason == "timeout" else "server_error")
+            status, body = _ended(end)
+            return JSONResponse(body, status_code=status)
     choices = [shape.choice(i, t.text, _finish_reason(e, t), t.kept(r.generated), chunk=False, prompt=r.prompt)
                for i, (r, t, e) in enumerate(zip(requests, texts, ends))]
     return {**shape.envelope(choices, chunk=False), "usage": shape.usage(requests, texts)}
@@ -302,8 +345,7 @@ async def _stream(model: ServedModel, shape: _Shape, requests: list[GenerationRe
                 continue
             open_choices -= 1
             if event.reason in _STATUS:
-                yield json.dumps(error_body(_STATUS[event.reason], event.message or event.reason,
-                                            "timeout_error" if event.reason == "timeout" else "server_error"))
+                yield json.dumps(_ended(event)[1])
                 continue
             delta = text.push(request.generated, final=True)
             yield json.dumps(shape.envelope([shape.choice(index, delta, _finish_reason(event, text), [], chunk=True)],

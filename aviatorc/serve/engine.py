@@ -60,7 +60,8 @@ class Token:
 
 @dataclass(frozen=True)
 class Finished:
-    reason: str  # "stop" (a stop token), "length" (max_tokens or the context), "timeout", "cancelled", "error"
+    reason: str  # "stop" (a stop token), "length" (max_tokens or the context), "timeout", "cancelled", "error",
+    # "shutdown" (the server stopped before the request finished)
     message: str = ""
 
 
@@ -169,6 +170,9 @@ class Engine:
             raise OptionError(f"unknown scheduling policy '{policy}'", hint=f"choose one of {', '.join(POLICIES)}")
         if max_num_seqs is not None and max_num_seqs < 1:
             raise OptionError(f"--max-num-seqs must be >= 1, not {max_num_seqs}")
+        if session.num_slots < 1:  # nothing could ever be admitted: every request would wait for ever
+            raise OptionError(f"the plan has {session.num_slots} KV slots: it cannot serve a sequence",
+                              hint="compile with --batch 1 or more")
         self.session = session
         self.slots = min(max_num_seqs or session.num_slots, session.num_slots)
         self.policy = policy
@@ -207,6 +211,17 @@ class Engine:
         """Call after `request.cancel()` so an idle engine notices."""
         self._wake.set()
 
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    def end_all(self, end: Finished) -> None:
+        """End every waiting and running request with `end` at the next turn (a step in flight
+        completes first: its slots are in use until then)."""
+        for request in [*self.waiting, *self.running.values()]:
+            request._end = request._end or end
+        self.wake()
+
     # -- the loop --------------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -214,7 +229,7 @@ class Engine:
         with an error, never the loop: a request must not wait on a dead engine."""
         while True:
             self._drop_ended()
-            if not self.waiting and not self.running:
+            if self.idle:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -225,6 +240,9 @@ class Engine:
                 message = str(error) if isinstance(error, AviatorError) else f"internal error: {type(error).__name__}: {error}"
                 for request in list(self.running.values()):
                     self._finish(request, Finished("error", message))
+            # A turn need not suspend (every request it touched may end without a step): yield, so
+            # the server answers /health and signals whatever the plan and the requests do.
+            await asyncio.sleep(0)
 
     async def step(self) -> None:
         """One turn: admit and prefill (the most important waiting request first, chosen again

@@ -11,7 +11,7 @@ Names follow vLLM's where one exists, under `aviatorc_`; every series carries th
     aviatorc_num_requests_waiting / _running  gauge
     aviatorc_batch_occupancy                  gauge      running / KV slots after the last step
     aviatorc_decode_batch_size                histogram  sequences per decode step
-    aviatorc_requests_total{outcome}          counter    stop, length, timeout, cancelled, error, rejected
+    aviatorc_requests_total{outcome}          counter    stop, length, timeout, cancelled, error, shutdown, rejected
     aviatorc_spec_decode_draft_tokens_total / _accepted_tokens_total, _acceptance_rate
 """
 

@@ -8,13 +8,90 @@ implement (`n` > 1, `logprobs`, penalties, tools, ...) is refused with 400 rathe
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
 
 from aviatorc.errors import OptionError
 
 MAX_STOP_CHARS = 256
+
+
+def error_body(status: int, message: str, kind: str = "invalid_request_error") -> dict[str, Any]:
+    """OpenAI's error body, for every status the server answers with."""
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+
+
+# JSON `true` is not token id 1: pydantic's lax mode would take booleans (and "5") as integers.
+TokenId = Annotated[int, Strict()]
+Body = TypeVar("Body", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What one request may hold, checked on the decoded JSON before the (slower) validation: a
+    body under the byte limit can still hold a million token ids."""
+
+    prompts: int  # prompts in one completion request (more than the queue holds are refused anyway)
+    tokens: int  # ids in one prompt, messages in one chat: the largest context served
+
+
+def parse_request(data: bytes, model: type[Body], bounds: Bounds) -> Body:
+    """A request body as `model`, or an `OptionError` saying what is wrong with it. The server runs
+    this in a worker thread: a large body must not stall the event loop (and `/health`)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise OptionError(f"the request body is not UTF-8 (byte {error.start} is {data[error.start]:#04x})",
+                          hint="send JSON encoded as UTF-8") from None
+    try:
+        raw = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise OptionError("the request body is not valid JSON: it nests too deeply") from None
+    except ValueError as error:
+        raise OptionError(f"the request body is not valid JSON: {error}") from None
+    if not isinstance(raw, dict):
+        raise OptionError(f"the request body must be a JSON object, not {type(raw).__name__}")
+    _check_bounds(raw, bounds)
+    try:
+        return model.model_validate(raw)
+    except ValidationError as error:
+        raise OptionError(describe(error)) from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _check_bounds(raw: dict[str, Any], bounds: Bounds) -> None:
+    prompt = raw.get("prompt")
+    if isinstance(prompt, list):
+        prompts = prompt if prompt and isinstance(prompt[0], (list, str)) else [prompt]
+        if len(prompts) > bounds.prompts:
+            raise OptionError(f"the request holds {len(prompts)} prompts; this server queues at most {bounds.prompts}")
+        longest = max((len(p) for p in prompts if isinstance(p, list)), default=0)
+        if longest >= bounds.tokens:
+            raise OptionError(f"a prompt has {longest} tokens but the model's context is {bounds.tokens}: no room "
+                              "to generate", hint="shorten the prompt")
+    messages = raw.get("messages")
+    if isinstance(messages, list) and len(messages) > bounds.tokens:
+        raise OptionError(f"the chat has {len(messages)} messages but the model's context is {bounds.tokens} tokens")
+
+
+def describe(error: ValidationError) -> str:
+    """pydantic's errors as one line: 'field.path: what is wrong; ...'."""
+    problems = []
+    for e in error.errors(include_url=False):
+        where = ".".join(str(p) for p in e["loc"] if not _is_union_branch(p))
+        problems.append(f"{where}: {e['msg']}" if where else e["msg"])
+    return "; ".join(dict.fromkeys(problems)) or "invalid request"
+
+
+def _is_union_branch(part: Any) -> bool:
+    # pydantic names the member of a union it tried ('list[int]', 'str'): not a field of the body
+    return isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool"))
 
 
 class StreamOptions(BaseModel):
@@ -32,7 +109,7 @@ class SamplingFields(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     stop: str | list[str] | None = Field(default=None, max_length=4)  # OpenAI's limit: up to 4
-    stop_token_ids: list[int] = Field(default=[], max_length=64)
+    stop_token_ids: list[TokenId] = Field(default=[], max_length=64)
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -69,7 +146,20 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_of_the_prompt_shapes(cls, value: Any) -> Any:
+        # One message for a prompt of no known shape, instead of one per member of the union.
+        def ids(item: Any) -> bool:
+            return isinstance(item, list) and all(type(t) is int for t in item)
+
+        if isinstance(value, str) or ids(value) or isinstance(value, list) and (
+                all(isinstance(p, str) for p in value) or all(ids(p) for p in value)):
+            return value
+        raise ValueError("a prompt is a string, a list of token ids (integers: not true/false, not strings), "
+                         "a list of strings, or a list of lists of token ids")
 
 
 class ChatMessage(BaseModel):

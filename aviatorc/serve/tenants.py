@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aviatorc.errors import OptionError
+from aviatorc.errors import AviatorError, OptionError
 from aviatorc.runtime import NotRunnableError, Session
 from aviatorc.runtime.cache import static_reason
 from aviatorc.serve.engine import Engine
@@ -89,8 +89,12 @@ def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Regist
                                   f"'{name}' for '{target}'", file=options.draft, hint="compile both for one target")
             speculator = Speculator(draft, session, options.num_speculative_tokens, metrics)
             drafts_chiplets = frozenset(int(c) for c in draft.artifact.plan["chiplets"])
-        engine = Engine(session, max_num_seqs=options.max_num_seqs, policy=options.policy, max_queue=options.max_queue,
-                        request_timeout_s=options.request_timeout_s, observer=metrics, speculator=speculator)
+        try:
+            engine = Engine(session, max_num_seqs=options.max_num_seqs, policy=options.policy,
+                            max_queue=options.max_queue, request_timeout_s=options.request_timeout_s,
+                            observer=metrics, speculator=speculator)
+        except AviatorError as error:
+            raise error.with_file(spec.artifact) from None
         tokenizer = load_tokenizer(spec.tokenizer) if spec.tokenizer else None
         created = int(Path(spec.artifact).stat().st_mtime)
         models[name] = ServedModel(name, session, tokenizer, engine, metrics, chiplets, created)

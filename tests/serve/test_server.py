@@ -182,15 +182,20 @@ def test_a_stop_string_ends_the_text_and_the_counted_tokens_there(client, sessio
 
 
 def test_a_bad_prompt_among_several_refuses_them_all(server):
+    """A prompt longer than the context is refused as the body is read, before any is queued; five
+    prompts for a queue of four are queued until the fifth does not fit, then all withdrawn."""
     before = metric(server, "aviatorc_requests_total", outcome="cancelled")
     body = {"model": "llama", "prompt": [[5, 6], [7] * CONTEXT], "max_tokens": 50, "ignore_eos": True}
     response = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
     assert response.status_code == 400 and "context" in response.json()["error"]["message"]
+    response = httpx.post(server.url + "/v1/completions", json={**body, "prompt": [[5, 6 + i] for i in range(5)]},
+                          timeout=60)
+    assert response.status_code == 429 and "queue is full" in response.json()["error"]["message"]
     deadline = time.monotonic() + 10
     while metric(server, "aviatorc_num_requests_running") > 0 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert metric(server, "aviatorc_num_requests_running") == 0
-    assert metric(server, "aviatorc_requests_total", outcome="cancelled") - before == 1  # the first, withdrawn
+    assert metric(server, "aviatorc_requests_total", outcome="cancelled") - before == 4  # the first four, withdrawn
 
 
 def test_bad_json_an_oversized_prompt_and_a_negative_max_tokens_get_a_4xx_with_a_message(server):
