@@ -247,6 +247,7 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
     from aviatorc.partition import make_problem, partition
     from aviatorc.partition.weights import weights_from_graph
     from aviatorc.plan.check import check_plan
+    from aviatorc.runtime.cache import find_cache
     from aviatorc.schedule import Workload, model_facts, plan_memory, schedule
 
     weights = weights_from_graph(graph)
@@ -267,6 +268,12 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
         plan = schedule(graph, placement, weights, target, workload, memory, chiplets=allowed, prefetch=opts.prefetch,
                         target_sha256=hashlib.sha256(target.to_toml().encode()).hexdigest())
         check_plan(plan, target)  # independent of the scheduler: a failure here is an aviatorc bug
+    layout = find_cache(graph)
+    if layout is not None and layout.per_token:
+        steps_s = workload.prompt * plan.prediction["time_per_token_s"]
+        plan.notes.append(f"prefill is per token: the graph takes one new token per step (input_ids [batch, 1]), "
+                          f"so a prompt of {workload.prompt} tokens runs as {workload.prompt} decode steps, about "
+                          f"{seconds(steps_s)}; the time to first token above assumes the prompt in chunks")
     timings["schedule_s"] = round(time.perf_counter() - started, 3)
     report.data["plan"] = {"memory": plan.memory, "prediction": plan.prediction, "notes": plan.notes,
                            "instructions": {phase: p.count() for phase, p in sorted(plan.programs.items())}}

@@ -108,7 +108,7 @@ def config(arch: str) -> Any:
     return cfg
 
 
-def _perturb(model: torch.nn.Module, seed: int) -> None:
+def perturb(model: torch.nn.Module, seed: int) -> None:
     """Add seeded Gaussian noise to every parameter (biases and norm weights too)."""
     import torch
 
@@ -134,7 +134,7 @@ def build_model(arch: str, seed: int = 0) -> torch.nn.Module:
         inner = tf.BertModel(cfg, add_pooling_layer=False)
     else:
         inner = tf.AutoModelForCausalLM.from_config(cfg)
-    _perturb(inner, seed)
+    perturb(inner, seed)
     field = "last_hidden_state" if arch == "bert" else "logits"
     return _single_output_class()(inner, field).eval()
 
@@ -301,30 +301,46 @@ def export_decode_onnx(arch: str, path: str | Path, *, opset: int = 18, seed: in
     cache grown by ``new`` positions. The sequences of a batch may stand at different lengths:
     pad the shorter pasts, with attention_mask 0 there, and give each its own positions.
     """
+    in_names, out_names = decode_input_names(arch, naming)
+    inner: Any = build_model(arch, seed).inner
+    return export_step_onnx(inner, path, opset=opset, names=(in_names, out_names))
+
+
+def export_step_onnx(model: Any, path: str | Path, *, opset: int = 18, one_token: bool = False,
+                     names: tuple[list[str], list[str]] | None = None) -> Path:
+    """Export one step of any ``transformers`` causal LM with its KV cache, as decoder-with-past
+    exporters write it (inputs ``input_ids``, ``attention_mask``, ``position_ids``,
+    ``past_key_values.N.key`` / ``.value``; outputs ``logits``, ``present.N.key`` / ``.value``,
+    or ``names``). Batch, past and new tokens are dynamic; ``one_token`` fixes the new tokens at 1
+    (past still dynamic), as many exporters of a decoder-with-past do."""
     import onnx
     import torch
 
-    from aviatorc.frontends.torch.decoder import EXAMPLE_BATCH, EXAMPLE_NEW, EXAMPLE_PAST, step_dynamic_shapes
+    from aviatorc.frontends.torch.decoder import (
+        EXAMPLE_BATCH,
+        EXAMPLE_NEW,
+        EXAMPLE_PAST,
+        cache_names,
+        decode_step_class,
+        example_step,
+        step_dynamic_shapes,
+    )
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    model = build_decode_model(arch, seed)
+    layers = int(model.config.num_hidden_layers)
+    step = decode_step_class()(model).eval()
     # The example sizes of the compiler's own step graph (none 0 or 1, all unequal), and its
     # dynamic shapes, so the two exports agree on what is symbolic.
-    inputs = decode_example_inputs(arch, past=EXAMPLE_PAST, new=EXAMPLE_NEW, batch=EXAMPLE_BATCH, seed=seed,
-                                   naming=naming)
-    in_names, out_names = decode_input_names(arch, naming)
-    torch.onnx.export(
-        model,
-        tuple(inputs.values()),
-        str(path),
-        input_names=in_names,
-        output_names=out_names,
-        opset_version=opset,
-        dynamo=True,
-        verbose=False,
-        dynamic_shapes=step_dynamic_shapes(config(arch).num_hidden_layers),
-    )
+    inputs = example_step(model, new=1 if one_token else EXAMPLE_NEW, past=EXAMPLE_PAST, batch=EXAMPLE_BATCH)
+    dynamic = step_dynamic_shapes(layers)
+    if one_token:  # ids and positions keep their batch axis only
+        auto = torch.export.Dim.AUTO
+        dynamic = ({0: auto}, dynamic[1], {0: auto}, dynamic[3])
+    past, present = cache_names(layers)
+    in_names, out_names = names or (["input_ids", "attention_mask", "position_ids", *past], ["logits", *present])
+    torch.onnx.export(step, inputs, str(path), input_names=in_names, output_names=out_names, opset_version=opset,
+                      dynamo=True, verbose=False, dynamic_shapes=dynamic)
     onnx.checker.check_model(str(path), full_check=True)
     return path
 
@@ -342,5 +358,7 @@ __all__ = [
     "example_inputs",
     "export_decode_onnx",
     "export_onnx",
+    "export_step_onnx",
     "output_name",
+    "perturb",
 ]

@@ -462,7 +462,7 @@ def rewrite(graph: Graph, group: Group) -> Node:
         TensorType(weights[0].type.dtype, (k, sum(widths))),
         concat_data(weights, axis=1),
     )
-    matmul = add_op(graph, "MatMul", [group.q.x, w_fused], name=graph.unique_name(base), before=first)
+    matmul = add_op(graph, "MatMul", [group.q.x, w_fused], name=graph.unique_node_name(base), before=first)
     fused = matmul.outputs[0]
     biases = [p.bias for p in projections if p.bias is not None]
     if biases:
@@ -472,7 +472,7 @@ def rewrite(graph: Graph, group: Group) -> Node:
             TensorType(biases[0].type.dtype, (1,) * (rank - 1) + (sum(widths),)),
             concat_data(biases, axis=-1),
         )
-        fused = add_value(graph, "Add", [fused, b_fused], name=graph.unique_name(f"{base}.add"), before=first)
+        fused = add_value(graph, "Add", [fused, b_fused], name=graph.unique_node_name(f"{base}.add"), before=first)
     sizes = graph.add_constant(np.array(widths, dtype=np.int64), name=f"{base}.split_sizes")
 
     # Drop the old nodes but keep their final outputs: the Split produces those very values,
@@ -484,7 +484,7 @@ def rewrite(graph: Graph, group: Group) -> Node:
             graph.remove_node(p.matmul)
         else:
             _unlink(graph, p.matmul)
-    split = Node("Split", [fused, sizes], finals, {"axis": -1}, name=f"{base}.split")
+    split = Node("Split", [fused, sizes], finals, {"axis": -1}, name=graph.unique_node_name(f"{base}.split"))
     graph.nodes.insert(graph.nodes.index(_producer(fused)) + 1, split)
 
     for value in weights + biases:

@@ -61,3 +61,54 @@ def test_fixed_seed_slice_through_the_cli(fuzz) -> None:
                                           "accepted-invalid")}
     assert bad == dict.fromkeys(bad, 0), [(f["kind"], f["detail"], f["runs"][-1]["stderr_tail"])
                                           for f in results["findings"]]
+
+
+# -- the artifact fuzzer (tools/fuzz.py --artifacts) --------------------------------------------
+
+# Kinds whose validation belongs to the typed plan (issue 20): load may still accept them.
+PLAN_CONTENTS = ("program-", "target-tiny-sram")
+
+
+@pytest.fixture(scope="module")
+def artifact_files(fuzz, tmp_path_factory):
+    artifacts = fuzz.artifacts_module()
+    return artifacts, artifacts.read_files(artifacts.seed_artifact(tmp_path_factory.mktemp("seed")))
+
+
+def test_every_artifact_mutation_kind_is_one_line_from_load(artifact_files, tmp_path) -> None:
+    """One mutant of every kind (seed 0), loaded in process: an `ArtifactError` or `AviatorError`,
+    never another exception; every kind of the files' frame is refused."""
+    import aviatorc
+    from aviatorc.errors import AviatorError
+
+    artifacts, files = artifact_files
+    accepted, refused = [], []
+    for index in range(len(artifacts.KINDS)):
+        kind, detail, invalid, mutated, manifest = artifacts.make_mutant(index, 0, files)
+        art = artifacts.write_mutant(tmp_path / f"m{index}", mutated, manifest)
+        try:
+            aviatorc.load(art)
+        except AviatorError as error:
+            assert "\n" not in str(error), kind
+            refused.append(kind)
+            continue
+        accepted.append(kind)
+    assert set(refused) | set(accepted) == set(artifacts.KINDS)
+    frame = [k for k in accepted if k != "st-data-flip" and not k.startswith(PLAN_CONTENTS)]
+    assert frame == [], frame
+    assert "st-data-flip" in accepted  # other weight values, well formed: valid
+
+
+@pytest.mark.slow
+def test_fixed_seed_artifact_slice_through_the_cli(fuzz, artifact_files) -> None:
+    """A few kinds through the child-process probes, `aviatorc generate` and `aviatorc serve`."""
+    artifacts, _ = artifact_files
+    kinds = list(artifacts.KINDS)
+    picks = [kinds.index(k) for k in ("st-huge-elements", "plan-batch", "manifest-deep", "st-data-flip")]
+    results = artifacts.campaign(fuzz, len(picks), seed=0, jobs=2, timeout_s=120, serve_every=len(kinds),
+                                 kinds=picks)
+    totals = results["totals"]
+    assert totals["mutants"] == len(picks) and results["runs"] == 2 * len(picks) + 1  # serve for index 0
+    bad = {k: totals.get(k, 0) for k in ("traceback", "hang", "killed", "internal", "accepted-invalid")}
+    assert bad == dict.fromkeys(bad, 0), results["findings"]
+    assert totals["refused"] == 3 and totals["ok"] == 1

@@ -490,24 +490,21 @@ def make_mutant(index: int, seed: int, budget: int, onnx_seeds_: dict[str, bytes
 # -- running ------------------------------------------------------------------------------------
 
 
-def run_door(door: str, mutant: Mutant, folder: Path, *, timeout_s: float, mem_bytes: int) -> Run:
-    """Run one CLI command on the mutant's file in a child process; classify what happened."""
-    name = "model.onnx" if mutant.family == "onnx" else "config.json"
-    model = folder / name
-    out = folder / "out.avc"
-    args = [sys.executable, "-m", "aviatorc", door, str(model)]
-    if door == "compile":
-        args += ["-o", str(out), "--target", "mock", "-q", "--time-limit", "5"]
-    before = {p.name for p in folder.iterdir()}
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               PYTHONPATH=str(ROOT), TRANSFORMERS_VERBOSITY="error")
+def child_env() -> dict[str, str]:
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                PYTHONPATH=str(ROOT), TRANSFORMERS_VERBOSITY="error")
+
+
+def run_cli(args: list[str], cwd: Path, door: str, *, timeout_s: float, mem_bytes: int) -> dict[str, Any]:
+    """Run one command in a child process (timeout, address-space cap); classify what happened:
+    the fields of `Run`, as a dict."""
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
 
     with tempfile.TemporaryFile() as err_file:
         start = time.perf_counter()
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err_file, cwd=folder, env=env,
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err_file, cwd=cwd, env=child_env(),
                                 preexec_fn=limit, start_new_session=True)
         timed_out = threading.Event()
 
@@ -541,15 +538,28 @@ def run_door(door: str, mutant: Mutant, folder: Path, *, timeout_s: float, mem_b
         outcome = "killed"
     else:
         outcome = "traceback"
-    if outcome == "ok" and mutant.expect_refusal:
-        flags.append("accepted-invalid")
+    tail = " | ".join(lines[-3:])[-400:]
+    return asdict(Run(door, outcome, code, round(seconds, 2), round(usage.ru_maxrss / 1024, 1), tail, flags))
+
+
+def run_door(door: str, mutant: Mutant, folder: Path, *, timeout_s: float, mem_bytes: int) -> Run:
+    """Run one CLI command on the mutant's file in a child process; classify what happened."""
+    name = "model.onnx" if mutant.family == "onnx" else "config.json"
+    model = folder / name
+    out = folder / "out.avc"
+    args = [sys.executable, "-m", "aviatorc", door, str(model)]
+    if door == "compile":
+        args += ["-o", str(out), "--target", "mock", "-q", "--time-limit", "5"]
+    before = {p.name for p in folder.iterdir()}
+    run = Run(**run_cli(args, folder, door, timeout_s=timeout_s, mem_bytes=mem_bytes))
+    if run.outcome == "ok" and mutant.expect_refusal:
+        run.flags.append("accepted-invalid")
     after = {p.name for p in folder.iterdir()}
-    if outcome != "ok" and after - before:
-        flags.append("left-output")
+    if run.outcome != "ok" and after - before:
+        run.flags.append("left-output")
     if out.exists():
         shutil.rmtree(out, ignore_errors=True)
-    tail = " | ".join(lines[-3:])[-400:]
-    return Run(door, outcome, code, round(seconds, 2), round(usage.ru_maxrss / 1024, 1), tail, flags)
+    return run
 
 
 def run_mutant(mutant: Mutant, work: Path, *, timeout_s: float, mem_bytes: int, keep: Path | None,
@@ -664,14 +674,20 @@ def render(results: dict[str, Any], command: str) -> str:
               "one `internal error, please report` line; accepted-invalid: the mutant breaks the ONNX spec or the "
               "config rules by construction, yet compiled; noisy: a refusal with other lines (library warnings) "
               "before it. Byte-level mutants and value mutations may stay valid, so `ok` is no finding there."]
-    if results["findings"]:
-        lines += ["", "Findings (first 20):", ""]
-        for finding in results["findings"][:20]:
-            run = max(finding["runs"], key=lambda r: WORST[r["outcome"]])
-            lines.append(f"- #{finding['index']} {finding['family']}/{finding['kind']} on {finding['seed_name']} "
-                         f"({finding['detail'][:60]}): {finding['outcome']} {finding['flags']} in {run['door']}: "
-                         f"`{run['stderr_tail'][:200]}`")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + finding_lines(results["findings"], 20)) + "\n"
+
+
+def finding_lines(findings: list[dict[str, Any]], limit: int) -> list[str]:
+    """The first `limit` findings, one line each, with the worst probe's last words."""
+    if not findings:
+        return []
+    lines = ["", f"Findings (first {limit}):", ""]
+    for finding in findings[:limit]:
+        run = max(finding["runs"], key=lambda r: WORST[r["outcome"]])
+        lines.append(f"- #{finding['index']} {finding['family']}/{finding['kind']} on {finding['seed_name']} "
+                     f"({finding['detail'][:60]}): {finding['outcome']} {finding['flags']} in {run['door']}: "
+                     f"`{run['stderr_tail'][:200]}`")
+    return lines
 
 
 # -- atheris ----------------------------------------------------------------------------------
@@ -714,7 +730,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, help="copy the folders of findings here")
     parser.add_argument("--out", type=Path, default=RESULTS / "fuzz", help="results stem (.md and .json)")
     parser.add_argument("--atheris", type=int, metavar="RUNS", help="coverage-guided in-process runs instead")
+    parser.add_argument("--artifacts", action="store_true", help="fuzz the artifact loader instead "
+                        "(tools/fuzz_artifacts.py): tampered plan.json, manifest, safetensors headers, target.toml")
+    parser.add_argument("--serve-every", type=int, default=10, metavar="K",
+                        help="with --artifacts: every K-th mutant also through `aviatorc serve`")
     args = parser.parse_args(argv)
+    if args.artifacts:
+        return artifacts_main(args)
     if args.atheris:
         atheris_main(args.atheris, onnx_seeds(Path(tempfile.gettempdir()) / "aviatorc-fuzz-seeds", ("llama",)))
         return 0
@@ -743,6 +765,40 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     totals = results["totals"]
     return 1 if any(totals.get(k, 0) for k in ("traceback", "hang", "killed", "left-output")) else 0
+
+
+def artifacts_module() -> Any:
+    """tools/fuzz_artifacts.py, imported by path (tools/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("aviatorc_fuzz_artifacts", Path(__file__).with_name("fuzz_artifacts.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def artifacts_main(args: argparse.Namespace) -> int:
+    artifacts = artifacts_module()
+    command = f"python tools/fuzz.py --artifacts --budget {args.budget} --seed {args.seed}"
+    out = args.out if args.out != RESULTS / "fuzz" else RESULTS / "fuzz_artifacts"
+
+    def progress(records: list[dict[str, Any]]) -> None:
+        record = records[-1]
+        if record["outcome"] not in ("ok", "refused") or record["flags"] or len(records) % 50 == 0:
+            print(f"[{len(records)}/{args.budget}] #{record['index']} {record['kind']}: {record['outcome']} "
+                  f"{record['flags']} ({record['detail'][:60]})", flush=True)
+
+    results = artifacts.campaign(sys.modules[__name__], args.budget, args.seed, jobs=args.jobs, timeout_s=args.timeout,
+                                 mem_gb=args.mem_gb, serve_every=args.serve_every, keep=args.keep, progress=progress)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    text = artifacts.render(results, command, finding_lines)
+    out.with_suffix(".md").write_text(text)
+    print(text)
+    totals = results["totals"]
+    return 1 if any(totals.get(k, 0) for k in ("traceback", "hang", "killed", "internal")) else 0
 
 
 if __name__ == "__main__":

@@ -334,7 +334,47 @@ def check_with_transformers(config: dict[str, Any]) -> tuple[Any, Any]:
         # transformers' own validation of fields outside FIELDS (its message says which).
         text = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
         raise ModelFormatError(f"transformers refused the config: {_short(text.strip(), 300)}") from None
+    _drop_outside_padding(cfg, stated="pad_token_id" in config)
     return cfg, model_class
+
+
+def _drop_outside_padding(cfg: Any, *, stated: bool) -> None:
+    """A pad_token_id outside the vocabulary (Phi-3's and SmolLM3's class defaults under a smaller
+    vocab_size; off-by-one configs) would stop transformers building the embedding. The padding
+    index only marks a row for training, so it is dropped, with a warning."""
+    pad, vocab = getattr(cfg, "pad_token_id", None), getattr(cfg, "vocab_size", None)
+    if not isinstance(pad, int) or not isinstance(vocab, int) or 0 <= pad < vocab:
+        return
+    origin = "the config's" if stated else f"the '{cfg.model_type}' default"
+    _logger.warning(f"pad_token_id {pad} ({origin}) lies outside vocab_size {vocab}: ignored (it only marks the "
+                    "padding row for training)")
+    cfg.pad_token_id = None
+
+
+# Sequence mixers other than softmax attention, by the transformers class names that implement them.
+# A family mixing them with attention (Falcon-H1, Qwen3-Next, Jamba) is refused as a whole: the IR
+# has no scan or recurrent state, and the plan no state cache beside the KV cache.
+_MIXERS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"Mixer$|MambaLayer$"), "state-space (Mamba) layers"),
+    (re.compile(r"DeltaNet|DeltaAttention"), "linear-attention (gated DeltaNet) layers"),
+    (re.compile(r"LightningAttention"), "linear (lightning) attention layers"),
+    (re.compile(r"Rglru|RecurrentBlock"), "recurrent (RG-LRU) layers"),
+    (re.compile(r"^Rwkv.*Attention"), "RWKV time-mixing layers"),
+    (re.compile(r"^xLSTM(Layer|Backend)"), "xLSTM layers"),
+    (re.compile(r"ShortConv"), "short-convolution layers"),
+)
+
+
+def check_layer_kinds(model: Any) -> None:
+    """Refuse a model with layers that are not attention, naming their kind and the first one."""
+    for path, module in model.named_modules():
+        name = type(module).__name__
+        for pattern, kind in _MIXERS:
+            if pattern.search(name):
+                family = getattr(getattr(model, "config", None), "model_type", None) or type(model).__name__
+                raise UnsupportedModelError(
+                    f"'{family}' has {kind} ({name} at '{path}'), which aviatorc does not support",
+                    hint="aviatorc compiles transformer decoders whose layers are all attention")
 
 
 def effective_sizes(config: dict[str, Any], config_class: type) -> dict[str, int]:

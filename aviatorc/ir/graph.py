@@ -142,6 +142,14 @@ class Graph:
             name = f"{base}_{next(self._counter)}"
         return name
 
+    def unique_node_name(self, base: str) -> str:
+        """A node name not yet used in this graph (and no value's name), derived from `base`."""
+        taken = {node.name for node in self.nodes}
+        name = base or "node"
+        while name in taken or name in self._names:
+            name = f"{base}_{next(self._counter)}"
+        return name
+
     def _claim(self, name: str) -> str:
         if name in self._names:
             raise ModelFormatError(f"value name '{name}' is defined twice")

@@ -32,7 +32,13 @@ def verify(graph: Graph) -> None:
         _check_initializer(value)
 
     uses: dict[int, int] = {}
+    node_names: set[str] = set()
     for index, node in enumerate(graph.nodes):
+        if node.name in node_names:  # plans, reports and the runtime name nodes
+            raise VerificationError(f"node name '{node.name}' is used twice", node=node.name, op=node.op,
+                                    hint="give each node its own name (Graph.unique_node_name)",
+                                    context=_context(graph, index))
+        node_names.add(node.name)
         try:
             _check_node(node, defined)
         except ModelFormatError as error:

@@ -18,38 +18,46 @@ same bytes: keys are sorted, nothing records a time or an absolute path. The dir
 written into a staging folder beside OUT and renamed into place; files are readable by other
 users (a serving process may run under another account).
 
-`load(path)` checks the manifest's format and version, that every file's sha256 matches,
-that every name stays inside the directory (no separators, no links), and that the plan's
-references resolve: tiles to tensors, buffers to tiles, compute instructions to graph nodes.
+`load(path)` treats the folder as untrusted input (it may come from another machine or
+account): it checks the manifest's format, version and schema; reads every file once and checks
+its size and sha256 (what is then parsed and run are those very bytes); that every name stays
+inside the directory (no separators, no links); plan.json against its schema
+(`aviatorc.plan.schema`); weights.safetensors' header against its bytes
+(`aviatorc.plan.tensors`); and that the plan's references resolve: tiles to tensors, buffers to
+tiles, compute instructions to graph nodes. Each fault is one `ArtifactError` naming the file,
+the field and the constraint. A folder others may write is loaded with a warning.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import stat
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from aviatorc.errors import ModelFormatError, OptionError
+from aviatorc.plan import schema
 from aviatorc.plan.ir import Program
+from aviatorc.plan.tensors import WEIGHTS, TensorHeaderError, TensorStore
 
 ARTIFACT_FORMAT = "aviatorc-artifact"
 ARTIFACT_VERSION = 1
 MANIFEST = "manifest.json"
-WEIGHTS = "weights.safetensors"
 # Files an artifact may hold: an existing folder holding only these is an earlier artifact.
 KNOWN_FILES = frozenset({MANIFEST, "plan.json", WEIGHTS, "graph.ir", "target.toml", "report.json", "trace.json",
                          "report.html", "timings.json"})
 _REQUIRED = ("plan.json", "graph.ir", "target.toml", "report.json")
 _BF16 = "bfloat16"
+_logger = logging.getLogger("aviatorc.plan")
 
 
 class ArtifactError(ModelFormatError):
@@ -161,7 +169,9 @@ def _check_name(name: str) -> None:
 
 @dataclass
 class Artifact:
-    """A loaded, validated artifact. Tensors are read lazily from weights.safetensors."""
+    """A loaded, validated artifact. Every file was read once and checked against its hash; what
+    consumers read (tensors, `file_bytes`) are those bytes, so a file replaced after `load` changes
+    nothing that runs."""
 
     path: Path
     manifest: dict[str, Any]
@@ -170,35 +180,45 @@ class Artifact:
     graph_text: str
     target_toml: str
     report: dict[str, Any]
+    files: dict[str, bytes] = field(default_factory=dict, repr=False)  # verified bytes, by file name
+    store: TensorStore | None = field(default=None, repr=False)
 
     @property
     def shape_only(self) -> bool:
         return bool(self.manifest["shape_only"])
 
-    def tensor_names(self) -> list[str]:
-        if self.shape_only:
-            return []
-        from safetensors import safe_open
+    def file_bytes(self, name: str) -> bytes:
+        """The verified bytes of one of the artifact's files (trace.json, report.html, ...)."""
+        if name not in self.files:
+            raise ArtifactError(f"the artifact has no file '{name}'", file=str(self.path))
+        return self.files[name]
 
-        with safe_open(str(self.path / WEIGHTS), framework="numpy") as handle:
-            return sorted(handle.keys())
+    def tensor_names(self) -> list[str]:
+        return self.store.names() if self.store is not None else []
 
     def tensor(self, name: str) -> np.ndarray:
         """One stored array (a tile's packed values, scales, ...; or an initializer)."""
-        if self.shape_only:
+        if self.store is None:
             raise OptionError("this artifact was compiled shape-only and holds no weights",
                               file=str(self.path), hint="compile from a model with weights")
-        from safetensors import safe_open
-
-        with safe_open(str(self.path / WEIGHTS), framework="numpy") as handle:
-            if name not in handle.keys():
-                raise ArtifactError(f"no tensor '{name}' in {WEIGHTS}", file=str(self.path))
-            array = handle.get_tensor(name)
+        if name not in self.store:
+            raise ArtifactError(f"no tensor '{name}' in {WEIGHTS}", file=str(self.path))
+        array = self.store.get(name)
         if self.plan.get("tensor_dtypes", {}).get(name) == _BF16:
             import ml_dtypes
 
             array = array.view(ml_dtypes.bfloat16)
         return array
+
+    def target(self) -> Any:
+        """The resolved target the plan was compiled for, from target.toml's verified bytes."""
+        from aviatorc.errors import TargetError
+        from aviatorc.target import target_from_toml
+
+        try:
+            return target_from_toml(self.target_toml, source="target.toml")
+        except TargetError as error:
+            raise ArtifactError(str(error), file=str(self.path), field="target.toml") from None
 
     def graph(self) -> Any:
         """The transformed IR (shapes and small constants; weights come from `tensor`)."""
@@ -207,55 +227,142 @@ class Artifact:
         return parse_graph(self.graph_text)
 
 
+MAX_MANIFEST_BYTES = 1 << 20  # a manifest lists a handful of files
+
+
 def load(path: str | os.PathLike[str]) -> Artifact:
-    """Open an artifact directory, validating version, hashes and references."""
+    """Open an artifact directory: every file read once, its size and sha256 checked against the
+    manifest, then each parsed from those bytes and validated (manifest and plan.json against their
+    schemas, weights.safetensors' header against its bytes, the plan's references). Any fault is
+    one `ArtifactError` naming the file, the field and the constraint."""
     root = Path(path)
     where = str(root)
     if not root.is_dir():
         raise ArtifactError("not an artifact directory", file=where)
-    manifest = _read_json(root, MANIFEST, where)
-    if manifest.get("format") != ARTIFACT_FORMAT:
-        raise ArtifactError(f"{MANIFEST} is not an aviatorc artifact manifest", file=where)
-    if manifest.get("version") != ARTIFACT_VERSION:
-        raise ArtifactError(f"artifact version {manifest.get('version')!r} is not supported (this aviatorc reads "
-                            f"version {ARTIFACT_VERSION})", file=where, hint="recompile the model with this aviatorc")
-    files = manifest.get("files")
-    if not isinstance(files, dict) or any(name not in files for name in _REQUIRED):
-        raise ArtifactError(f"{MANIFEST} must list {', '.join(_REQUIRED)}", file=where)
-    if manifest.get("shape_only") is not (WEIGHTS not in files):
-        raise ArtifactError(f"{MANIFEST} says shape_only={manifest.get('shape_only')!r} but "
-                            f"{'lists' if WEIGHTS in files else 'does not list'} {WEIGHTS}", file=where)
-    for name, entry in sorted(files.items()):
-        _check_name(name)
-        _verify_file(root, name, entry, where)
-    plan = json.loads((root / "plan.json").read_bytes())
+    warn_if_others_can_write(root)
+    manifest = _manifest(root, where)
+    files = manifest["files"]
+    verified = {name: _read_verified(root, name, entry, where) for name, entry in sorted(files.items())}
+    plan = _json(verified["plan.json"], "plan.json", where)
     if plan.get("schema_version") != 1:
-        raise ArtifactError(f"plan.json schema version {plan.get('schema_version')!r} is not supported", file=where)
-    programs = {phase: Program.from_dict(body) for phase, body in plan["programs"].items()}
-    graph_text = (root / "graph.ir").read_text()
-    target_toml = (root / "target.toml").read_text()
-    if hashlib.sha256(target_toml.encode()).hexdigest() != plan["target"]["sha256"]:
+        raise ArtifactError(f"plan.json schema version {_shown(plan.get('schema_version'))} is not supported",
+                            file=where, field="schema_version")
+    _check(schema.check_plan, plan, "plan.json", where)
+    programs = {}
+    for phase, body in plan["programs"].items():
+        try:
+            programs[phase] = Program.from_dict(body)
+        except ModelFormatError as error:
+            raise ArtifactError(f"plan.json: programs.{phase}: {error.message}", file=where,
+                                field=f"programs.{phase}") from None
+    graph_text, target_toml = _text(verified, "graph.ir", where), _text(verified, "target.toml", where)
+    if hashlib.sha256(verified["target.toml"]).hexdigest() != plan["target"]["sha256"]:
         raise ArtifactError("target.toml is not the target the plan was compiled for (sha256 differs)", file=where)
-    artifact = Artifact(root, manifest, plan, programs, graph_text, target_toml,
-                        json.loads((root / "report.json").read_bytes()))
+    store = None
+    if WEIGHTS in verified:
+        try:
+            store = TensorStore(verified.pop(WEIGHTS))
+        except TensorHeaderError as error:
+            raise ArtifactError(error.message, file=where, field=WEIGHTS) from None
+    report = _json(verified["report.json"], "report.json", where)
+    artifact = Artifact(root, manifest, plan, programs, graph_text, target_toml, report, verified, store)
+    _check_target(artifact, where)
     _check_references(artifact, where)
     return artifact
 
 
-def _read_json(root: Path, name: str, where: str) -> dict[str, Any]:
-    path = root / name
+def _check_target(artifact: Artifact, where: str) -> None:
+    """The target parses, is of a size a runtime can model, and has every chiplet the plan names."""
+    target = artifact.target()
+    if target.num_chiplets > schema.MAX_CHIPLET:
+        raise ArtifactError(f"target.toml describes {target.num_chiplets:,} chiplets ({target.cards:,} cards); "
+                            f"an artifact's target has at most {schema.MAX_CHIPLET:,}", file=where, field="server.cards")
+    named = [("chiplets", c) for c in artifact.plan["chiplets"]]
+    for tile in artifact.plan["tiles"]:
+        named += [(f"tiles.{tile['id']}.{key}", tile[key]) for key in ("compute_chiplet", "resident_chiplet")
+                  if key in tile]
+    for key, chiplet in named:
+        if chiplet >= target.num_chiplets:
+            raise ArtifactError(f"plan.json: {key}: chiplet {chiplet:,} does not exist on target '{target.name}' "
+                                f"({target.num_chiplets} chiplets)", file=where, field=key)
+
+
+def warn_if_others_can_write(root: Path) -> None:
+    """A folder (or file in it) that other accounts may write can be changed under a server: say so."""
+    for path in [root, *sorted(root.iterdir())]:
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            continue
+        if mode & (stat.S_IWGRP | stat.S_IWOTH) and not (stat.S_ISDIR(mode) and mode & stat.S_ISVTX):
+            who = "everyone" if mode & stat.S_IWOTH else "its group"
+            _logger.warning(f"{root}: '{path.name if path != root else '.'}' is writable by {who}: whoever can write "
+                            f"it can change what this artifact runs (chmod go-w)")
+            return
+
+
+def _manifest(root: Path, where: str) -> dict[str, Any]:
+    path = root / MANIFEST
     if path.is_symlink() or not path.is_file():
-        raise ArtifactError(f"missing {name}", file=where)
+        raise ArtifactError(f"missing {MANIFEST}", file=where)
+    with open(path, "rb") as handle:
+        data = handle.read(MAX_MANIFEST_BYTES + 1)
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ArtifactError(f"{MANIFEST} is larger than {MAX_MANIFEST_BYTES >> 20} MiB", file=where)
+    manifest = _json(data, MANIFEST, where)
+    if manifest.get("format") != ARTIFACT_FORMAT:
+        raise ArtifactError(f"{MANIFEST} is not an aviatorc artifact manifest", file=where, field="format")
+    if manifest.get("version") != ARTIFACT_VERSION:
+        raise ArtifactError(f"artifact version {_shown(manifest.get('version'))} is not supported (this aviatorc "
+                            f"reads version {ARTIFACT_VERSION})", file=where, hint="recompile the model with this aviatorc")
+    _check(schema.MANIFEST, manifest, MANIFEST, where)
+    files = manifest["files"]
+    missing = [name for name in _REQUIRED if name not in files]
+    if missing:
+        raise ArtifactError(f"{MANIFEST}: files must list {', '.join(_REQUIRED)} ({', '.join(missing)} missing)",
+                            file=where, field="files")
+    if manifest["shape_only"] is not (WEIGHTS not in files):
+        raise ArtifactError(f"{MANIFEST} says shape_only={manifest['shape_only']} but "
+                            f"{'lists' if WEIGHTS in files else 'does not list'} {WEIGHTS}", file=where,
+                            field="shape_only")
+    for name in files:
+        _check_name(name)
+    return manifest
+
+
+def _check(validate: Any, document: dict[str, Any], name: str, where: str) -> None:
     try:
-        data = json.loads(path.read_bytes())
+        validate(document, "")
+    except schema.SchemaError as error:
+        raise ArtifactError(f"{name}: {error}", file=where, field=error.path) from None
+
+
+def _json(data: bytes, name: str, where: str) -> dict[str, Any]:
+    try:
+        document = json.loads(data)
+    except RecursionError:
+        raise ArtifactError(f"{name} is not valid JSON: it nests too deeply", file=where) from None
     except (ValueError, UnicodeDecodeError) as error:
         raise ArtifactError(f"{name} is not valid JSON: {error}", file=where) from None
-    if not isinstance(data, dict):
+    if not isinstance(document, dict):
         raise ArtifactError(f"{name} must hold a JSON object", file=where)
-    return data
+    return document
 
 
-def _verify_file(root: Path, name: str, entry: Any, where: str) -> None:
+def _text(files: dict[str, bytes], name: str, where: str) -> str:
+    try:
+        return files[name].decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ArtifactError(f"{name} is not UTF-8 (byte {error.start})", file=where) from None
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _read_verified(root: Path, name: str, entry: dict[str, Any], where: str) -> bytes:
+    """The file's bytes, read once, if they are the manifest's size and sha256."""
     path = root / name
     try:
         info = os.lstat(path)
@@ -263,13 +370,15 @@ def _verify_file(root: Path, name: str, entry: Any, where: str) -> None:
         raise ArtifactError(f"{MANIFEST} lists '{name}' but it is missing", file=where) from None
     if not stat.S_ISREG(info.st_mode):
         raise ArtifactError(f"'{name}' is not a regular file (links are not followed)", file=where)
-    digest = hashlib.sha256()
+    if info.st_size != entry["bytes"]:
+        raise ArtifactError(f"'{name}' is {info.st_size:,} bytes but {MANIFEST} says {entry['bytes']:,}: the file "
+                            "was changed after the compile", file=where, hint="recompile, or restore the original file")
     with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    if not isinstance(entry, dict) or digest.hexdigest() != entry.get("sha256"):
+        data = handle.read(entry["bytes"] + 1)
+    if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise ArtifactError(f"'{name}' does not match its sha256 in {MANIFEST}: the file was changed after the "
                             "compile", file=where, hint="recompile, or restore the original file")
+    return data
 
 
 def _check_references(artifact: Artifact, where: str) -> None:
@@ -283,6 +392,8 @@ def _check_references(artifact: Artifact, where: str) -> None:
         nodes = {node.name for node in artifact.graph().nodes}
     except ModelFormatError as error:
         raise ArtifactError(f"graph.ir does not parse: {error}", file=where) from None
+    except RecursionError:
+        raise ArtifactError("graph.ir does not parse: it nests too deeply", file=where) from None
     for phase, program in artifact.programs.items():
         for buffer in program.buffers.values():
             if buffer.tile.startswith("t") and buffer.tile not in tiles:

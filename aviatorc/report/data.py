@@ -55,8 +55,7 @@ class ReportSources:
     @classmethod
     def from_artifact(cls, artifact: Any) -> ReportSources:
         """From a loaded `aviatorc.plan.artifact.Artifact` (trace.json is optional)."""
-        path = artifact.path / "trace.json"
-        trace = json.loads(path.read_bytes()) if "trace.json" in artifact.manifest["files"] else None
+        trace = json.loads(artifact.file_bytes("trace.json")) if "trace.json" in artifact.manifest["files"] else None
         return cls(artifact.plan, artifact.report, trace, artifact.target_toml, artifact.shape_only)
 
     @classmethod

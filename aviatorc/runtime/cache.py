@@ -10,9 +10,10 @@ Exporters name the cache in a few ways; recognized here, by input and matching o
     past_key_values.N.value, past_value_N ...    (the same for values)
 
 A pair counts only if the shapes agree: same rank, and every dim equal except the sequence
-axis, which is symbolic in the past. The token input is `input_ids` with a symbolic length (a
-static one bakes the sequence length into rotary tables and masks: such a graph cannot
-generate, and `static_reason` says why); `attention_mask` and `position_ids`, where present,
+axis, which is symbolic in the past. The token input is `input_ids` with a symbolic length, or a length fixed at 1 (a decoder-with-past
+export: the prompt is then fed one token at a time, `CacheLayout.per_token`); a graph without a cache
+whose length is static bakes it into rotary tables and masks: such a graph cannot generate, and
+`static_reason` says why; `attention_mask` and `position_ids`, where present,
 are fed by the runtime. The batch is axis 0 of every input; `CacheLayout.batch` is its declared
 size on `input_ids` (a symbol, or 1 for a batch-1 export), which says whether one step may run
 several sequences.
@@ -52,6 +53,13 @@ class CacheLayout:
     position_ids: str | None
     past_shapes: dict[str, tuple[int | str | None, ...]]  # input -> its declared shape
     batch: int | str | None = 1  # input_ids' declared axis 0: a symbol when any batch runs
+    new_tokens: int | str | None = None  # input_ids' declared axis 1: 1 for a decoder-with-past export
+
+    @property
+    def per_token(self) -> bool:
+        """The graph takes one new token per step (its token axis is fixed at 1): a prompt is fed
+        one token at a time."""
+        return self.new_tokens == 1
 
     @property
     def past_inputs(self) -> set[str]:
@@ -85,11 +93,11 @@ def find_cache(graph: Graph) -> CacheLayout | None:
                        "attention_mask" if "attention_mask" in inputs else None,
                        "position_ids" if "position_ids" in inputs else None,
                        {p.past: inputs[p.past].type.shape for p in pairs},
-                       _batch_dim(inputs["input_ids"]))
+                       _dim(inputs["input_ids"], 0), _dim(inputs["input_ids"], 1))
 
 
-def _batch_dim(ids: Value) -> int | str | None:
-    return ids.type.shape[0] if ids.type.rank >= 1 else None
+def _dim(ids: Value, axis: int) -> int | str | None:
+    return ids.type.shape[axis] if ids.type.rank > axis else None
 
 
 def _sequence_axis(past: Value, present: Value) -> int | None:

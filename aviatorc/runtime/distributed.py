@@ -394,7 +394,6 @@ def serve_rank(path: str | Path, rank: int, world: int, *, init: str | None, tim
     import torch.distributed as dist
 
     from aviatorc.plan.artifact import load
-    from aviatorc.target import load_target
 
     def watchdog() -> None:
         if parent is not None and os.getppid() != parent:  # the driver died: nobody will stop us
@@ -407,7 +406,7 @@ def serve_rank(path: str | Path, rank: int, world: int, *, init: str | None, tim
     artifact = load(path)
     graph = artifact.graph()
     weights = WeightStore(artifact, graph)
-    me = _Rank(artifact, graph, load_target(artifact.path / "target.toml"), weights, rank, world, timeout_s, watchdog)
+    me = _Rank(artifact, graph, artifact.target(), weights, rank, world, timeout_s, watchdog)
     link = me.link
     while True:
         command = _wait_for_command(link, watchdog)

@@ -51,7 +51,7 @@ from aviatorc.runtime.errors import NotRunnableError, RuntimeInputError
 from aviatorc.runtime.precedence import Precedence
 from aviatorc.runtime.sampling import check_sampling, sample
 from aviatorc.runtime.weights import WeightStore
-from aviatorc.target import Target, load_target
+from aviatorc.target import Target
 
 DEVICES = ("sim", "cuda")
 RUN_PHASE = "prefill"  # a run processes the graph's whole prompt: the prefill program
@@ -112,7 +112,7 @@ class Session:
             raise NotRunnableError(f"the plan has no {RUN_PHASE} program", file=str(self.artifact.path))
         self.device = device
         self.graph: Graph = self.artifact.graph()
-        self.target: Target = load_target(self.artifact.path / "target.toml")
+        self.target: Target = self.artifact.target()  # from the bytes load() hashed, not the file again
         self.program = self.artifact.programs[RUN_PHASE]
         self.weights = WeightStore(self.artifact, self.graph)
         from aviatorc.backends import backend_class
@@ -320,6 +320,10 @@ class Session:
     def _step(self, sequence: _Sequence, ids: np.ndarray, phase: str, *, every_position: bool = False) -> np.ndarray:
         """Run `ids` [1, n] after `sequence`'s cache; grow the cache; the last position's logits."""
         layout = self._require_cache()
+        if layout.per_token and ids.shape[1] > 1:  # a decoder-with-past export: one token per step
+            self._room(sequence, ids.shape[1])
+            rows = [self._step(sequence, ids[:, i:i + 1], "decode", every_position=True) for i in range(ids.shape[1])]
+            return np.concatenate(rows) if every_position else rows[-1][-1]
         total = self._room(sequence, ids.shape[1])
         feeds: dict[str, np.ndarray] = {layout.ids: ids, **sequence.cache}
         if layout.attention_mask:

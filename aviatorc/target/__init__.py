@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from aviatorc.target.loader import SCHEMA, list_targets, load_target, shipped_dir
+from aviatorc.target.loader import SCHEMA, list_targets, load_target, shipped_dir, target_from_toml
 from aviatorc.target.spec import LINK_LEVELS, SCHEMA_VERSION, ChipletSpec, LinkLevel, Target, dump_toml
 
 DEFAULT_TARGET = "corsair"
@@ -27,6 +27,7 @@ __all__ = [
     "dump_toml",
     "list_targets",
     "load_target",
+    "target_from_toml",
     "shipped_dir",
 ]
 

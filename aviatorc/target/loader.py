@@ -82,6 +82,20 @@ def load_target(name_or_path: str | Path, *, cards: int | None = None, overrides
     return target
 
 
+def target_from_toml(text: str, *, source: str) -> Target:
+    """A checked `Target` from TOML text that stands alone: an artifact's resolved target.toml,
+    parsed from the bytes whose hash was checked (so it may not `extends` any other file)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise TargetError(f"malformed TOML: {error}", file=source) from None
+    _check_unknown(data, SCHEMA, (), source)
+    if "extends" in data:
+        raise TargetError("a resolved target may not extend another", file=source, key="extends")
+    _check_tree(data, SCHEMA, (), source)
+    return _build(data, source)
+
+
 # -- files ------------------------------------------------------------------------------------
 
 

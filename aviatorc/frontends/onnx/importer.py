@@ -54,8 +54,9 @@ def import_model_proto(model: Any, *, base_dir: Path, shape_only: bool = False, 
     builder = Builder(model, base_dir=base_dir, opset=opset, shape_only=shape_only)
     builder.hints = inferred_types(model)
     builder.add_inputs_and_initializers()
+    names = unique_node_names(model.graph)
     for index, proto in ordered_nodes(model.graph):
-        builder.convert_node(proto, node_name(proto, index), schemas[index])
+        builder.convert_node(proto, names[index], schemas[index])
     graph = builder.finish()
     verify(graph)
     if fold:
@@ -86,6 +87,24 @@ def check_supported(graph: Any) -> None:
 def node_name(node: Any, index: int) -> str:
     """The ONNX node name, or a deterministic one made from its position and op."""
     return node.name or f"{node.op_type}_{index}"
+
+
+def unique_node_names(graph: Any) -> list[str]:
+    """Each node's name, made unique: ONNX allows a name on several nodes (exporters that name
+    nodes by module give a biased Linear's MatMul and Add one name), but the IR's node names
+    identify nodes in the plan. The first keeps its name, a later one gets `name#<index>`."""
+    names = [node_name(node, index) for index, node in enumerate(graph.node)]
+    taken = set(names)
+    seen: set[str] = set()
+    for index, name in enumerate(names):
+        if name in seen:
+            unique = f"{name}#{index}"
+            while unique in taken:
+                unique += "_"
+            names[index] = unique
+            taken.add(unique)
+        seen.add(names[index])
+    return names
 
 
 def ordered_nodes(graph: Any) -> list[tuple[int, Any]]:
@@ -425,7 +444,7 @@ class Builder:
                 self.fresh(f"{ctx.name}/{suffix}{i}") for i in range(1, num_outputs)
             ]
             hints = []
-            node_name = f"{ctx.name}/{suffix}"
+            node_name = names[0]  # `ctx.name/suffix`, made unique: one ONNX node may emit a suffix twice
         consts = [self.const_of(v) for v in inputs]
         types = infer_types(
             op, [v.type if v is not None else None for v in inputs], consts, attrs, num_outputs, node_name

@@ -122,11 +122,13 @@ def cache_names(layers: int) -> tuple[list[str], list[str]]:
 
 def import_decoder(model: torch.nn.Module, *, name: str | None = None) -> Graph:
     """The step graph of a transformers causal LM (see the module docstring)."""
+    from aviatorc.frontends.hf_config import check_layer_kinds
     from aviatorc.frontends.torch import import_torch
 
     if not is_decoder(model):
         raise OptionError(f"{type(model).__name__} is not a transformers causal language model",
                           hint="pass example_inputs to import its forward instead")
+    check_layer_kinds(model)
     step = decode_step_class()(model).eval()
     inputs = example_step(model)
     layers = int(model.config.num_hidden_layers)  # type: ignore[union-attr, arg-type]

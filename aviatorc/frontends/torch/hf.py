@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aviatorc.errors import AviatorError, OptionError
+from aviatorc.errors import AviatorError, OptionError, UnsupportedModelError
 from aviatorc.frontends import hf_config
 
 if TYPE_CHECKING:
@@ -54,25 +54,42 @@ def build_meta_model(config: dict[str, Any], *, on_meta: bool = True, seed: int 
     """The `transformers` model for `config`, on the meta device (no weights) unless `on_meta` is False.
 
     `config` must have passed `hf_config.check_fields` (as `load_config` does)."""
-    import torch
-    import transformers
-
     hf_config.check_fields(config)
     cfg, model_class = hf_config.check_with_transformers(config)
     cfg._attn_implementation = "sdpa"  # one aten.scaled_dot_product_attention per layer
-    context = torch.device("meta") if on_meta else _seeded(seed)
-    with context:
-        if model_class is not None:
-            model = model_class(cfg)
-        elif config["model_type"] in ENCODERS:
-            model = transformers.AutoModel.from_config(cfg)
-        else:
-            try:
-                model = transformers.AutoModelForCausalLM.from_config(cfg)
-            except ValueError:
-                model = transformers.AutoModel.from_config(cfg)
+    try:
+        model = _build(config, cfg, model_class, on_meta=on_meta, seed=seed)
+    except ValueError as error:
+        if "attention implementation" not in str(error):
+            raise
+        # The family's attention has no SDPA path in transformers: look at its layers (eagerly
+        # built, on the meta device) to say what it is, then refuse.
+        cfg._attn_implementation = "eager"
+        hf_config.check_layer_kinds(_build(config, cfg, model_class, on_meta=True, seed=seed))
+        raise UnsupportedModelError(
+            f"transformers builds '{config['model_type']}' without scaled-dot-product attention (its attention is "
+            "a variant: soft-capping, sinks, or a kind of its own), and the config.json import needs it",
+            field="model_type", hint="import the model from its transformers module or an ONNX export") from None
+    hf_config.check_layer_kinds(model)
     hf_config.check_built(model)
     return model.eval()
+
+
+def _build(config: dict[str, Any], cfg: Any, model_class: Any, *, on_meta: bool, seed: int) -> torch.nn.Module:
+    import torch
+    import transformers
+
+    with torch.device("meta") if on_meta else _seeded(seed):
+        if model_class is not None:
+            return model_class(cfg)
+        if config["model_type"] in ENCODERS:
+            return transformers.AutoModel.from_config(cfg)
+        try:
+            return transformers.AutoModelForCausalLM.from_config(cfg)
+        except ValueError as error:
+            if "attention implementation" in str(error):
+                raise
+            return transformers.AutoModel.from_config(cfg)
 
 
 def _seeded(seed: int) -> Any:

@@ -1,0 +1,212 @@
+"""Artifacts that come from elsewhere: each tampered file, with the manifest rehashed to match (so
+the hash check is not what refuses it), is one `ArtifactError` naming the file, the field and
+the constraint; the bytes that run are the bytes that were hashed; a folder others can write
+is loaded with a warning."""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import aviatorc
+from aviatorc.plan.artifact import MANIFEST, ArtifactError
+from tests.plan.tamper import tampered_copy
+from tests.zoo_fixtures import zoo_dir, zoo_onnx  # noqa: F401
+
+WEIGHTS = "weights.safetensors"
+
+
+@pytest.fixture(scope="module")
+def artifact(zoo_onnx, tmp_path_factory) -> Path:  # noqa: F811
+    result = aviatorc.compile(str(zoo_onnx("llama")), target="mock", quant="int8", context=64, prompt=8)
+    return result.save(tmp_path_factory.mktemp("art") / "a.avc")
+
+
+def split(data: bytes) -> tuple[dict, bytes]:
+    length = struct.unpack("<Q", data[:8])[0]
+    return json.loads(data[8:8 + length]), data[8 + length:]
+
+
+def join(header: dict | bytes, body: bytes, *, length: int | None = None) -> bytes:
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    return struct.pack("<Q", len(raw) if length is None else length) + raw + body
+
+
+def first_tensor(header: dict) -> str:
+    return next(name for name in sorted(header) if name != "__metadata__")
+
+
+def header_lie(kind: str, data: bytes) -> bytes:
+    header, body = split(data)
+    name = first_tensor(header)
+    entry = header[name]
+    if kind == "2^40 elements":
+        entry["shape"] = [1 << 20, 1 << 20]
+    elif kind == "offsets past the end":
+        entry["data_offsets"] = [entry["data_offsets"][0], len(body) + 4096]
+    elif kind == "negative shape":
+        entry["shape"] = [-1, *entry["shape"][1:]]
+    elif kind == "unknown dtype":
+        entry["dtype"] = "F128"
+    elif kind == "overlapping":
+        other = sorted((e for n, e in header.items() if n not in (name, "__metadata__")),
+                       key=lambda e: e["data_offsets"][0])[0]
+        entry["data_offsets"], other["data_offsets"] = other["data_offsets"], entry["data_offsets"]
+        entry["shape"], other["shape"] = other["shape"], entry["shape"]
+        entry["dtype"], other["dtype"] = other["dtype"], entry["dtype"]
+        other["data_offsets"] = list(entry["data_offsets"])  # two tensors on the same bytes
+    elif kind == "huge header length":
+        return join(header, body, length=1 << 62)
+    elif kind == "garbage header":
+        return join(b"\x00\xff{not json" * 10, body)
+    elif kind == "truncated":
+        return data[:len(data) // 2]
+    elif kind == "empty":
+        return b""
+    elif kind == "header only":
+        return data[:5]
+    return join(header, body)
+
+
+HEADER_LIES = {
+    "2^40 elements": "of shape [1048576, 1048576]",
+    "offsets past the end": "data_offsets",
+    "negative shape": "integers >= 0",
+    "unknown dtype": "has dtype \"F128\"",
+    "overlapping": "must tile the data",
+    "huge header length": "says its header is 4,611,686,018,427,387,904 bytes",
+    "garbage header": "header that is not JSON",
+    "truncated": "(the data's size)",
+    "empty": "is 0 bytes long",
+    "header only": "is 5 bytes long",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HEADER_LIES))
+def test_a_safetensors_header_that_lies_is_one_artifact_error(artifact, tmp_path, kind):
+    data = header_lie(kind, (artifact / WEIGHTS).read_bytes())
+    folder = tampered_copy(artifact, tmp_path / "t.avc", files={WEIGHTS: data})
+    with pytest.raises(ArtifactError) as refused:
+        aviatorc.load(folder)
+    text = str(refused.value)
+    assert text.startswith(f"{folder}: {WEIGHTS} ") and HEADER_LIES[kind] in text, text
+    assert refused.value.fields["field"] == WEIGHTS
+
+
+PLAN_FAULTS = {
+    "not json": (lambda raw: raw[: len(raw) // 2], "plan.json is not valid JSON"),
+    "nested 100,000 deep": (lambda raw: b'{"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nests too deeply"),
+    "a list": (lambda raw: b"[" + raw + b"]", "plan.json must hold a JSON object"),
+    "no tiles": ("tiles", "plan.json: tiles: is missing"),
+    "batch as a string": (("workload", "batch", "4"), 'plan.json: workload.batch: must be an integer in [1, 4,096], '
+                                                      'not "4"'),
+    "batch 0": (("workload", "batch", 0), "workload.batch: must be an integer in [1, 4,096], not 0"),
+    "batch -1": (("workload", "batch", -1), "workload.batch: must be an integer in [1, 4,096], not -1"),
+    "batch 10^9": (("workload", "batch", 10**9), "not 1000000000"),
+    "context 2^40": (("workload", "context", 1 << 40), "workload.context: must be an integer in [1, 16,777,216]"),
+    "unknown weight format": (("tile", "format", "int3"), "tiles[0].format.format: must be one of fp32"),
+    "chiplet 10^12": (("tile", "compute_chiplet", 10**12), "tiles[0].compute_chiplet: must be an integer in [0, 65,536]"),
+    "program workload differs": (("program", "batch", 2), "programs.decode.workload: must be the plan's workload"),
+    "malformed program": (("program", "buffers", 7), "plan.json: programs.decode: malformed plan program"),
+}
+
+
+def _plan_edit(how):
+    def edit(plan: dict) -> None:
+        if isinstance(how, str):
+            del plan[how]
+        elif how[0] == "workload":
+            plan["workload"][how[1]] = how[2]
+            for program in plan["programs"].values():
+                program["workload"][how[1]] = how[2]
+        elif how[0] == "tile":
+            target = plan["tiles"][0]
+            (target["format"] if how[1] == "format" else target)[how[1]] = how[2]
+        elif how[1] == "batch":
+            plan["programs"]["decode"]["workload"]["batch"] = how[2]
+        else:
+            plan["programs"]["decode"][how[1]] = how[2]
+    return edit
+
+
+@pytest.mark.parametrize("fault", sorted(PLAN_FAULTS))
+def test_a_malformed_plan_json_is_one_artifact_error(artifact, tmp_path, fault):
+    how, want = PLAN_FAULTS[fault]
+    if callable(how):
+        folder = tampered_copy(artifact, tmp_path / "t.avc", files={"plan.json": how((artifact / "plan.json").read_bytes())})
+    else:
+        folder = tampered_copy(artifact, tmp_path / "t.avc", plan=_plan_edit(how))
+    with pytest.raises(ArtifactError) as refused:
+        aviatorc.load(folder)
+    assert want in str(refused.value), str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(("edit", "want"), [
+    (lambda m: m.pop("files"), "manifest.json: files: is missing"),
+    (lambda m: m["files"]["plan.json"].update(bytes="91470"), "files.plan.json.bytes: must be an integer"),
+    (lambda m: m["files"]["graph.ir"].update(sha256="xyz"), "files.graph.ir.sha256: must match"),
+    (lambda m: m.update(shape_only="no"), "shape_only: must be true or false"),
+    (lambda m: m["files"].pop("report.json"), "files must list plan.json, graph.ir, target.toml, report.json"),
+])
+def test_a_malformed_manifest_is_one_artifact_error(artifact, tmp_path, edit, want):
+    folder = tampered_copy(artifact, tmp_path / "t.avc")
+    manifest = json.loads((folder / MANIFEST).read_text())
+    edit(manifest)
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="manifest.json") as refused:
+        aviatorc.load(folder)
+    assert want in str(refused.value)
+
+
+def test_a_deeply_nested_manifest_is_one_artifact_error(artifact, tmp_path):
+    folder = tampered_copy(artifact, tmp_path / "t.avc")
+    (folder / MANIFEST).write_bytes(b"[" * 100_000 + b"]" * 100_000)
+    with pytest.raises(ArtifactError, match="manifest.json is not valid JSON: it nests too deeply"):
+        aviatorc.load(folder)
+
+
+def test_weights_replaced_after_load_change_nothing_that_runs(artifact, tmp_path):
+    """The file is read once at load and hashed; a copy swapped in afterwards (other values, same
+    header) is never read."""
+    folder = tampered_copy(artifact, tmp_path / "t.avc")
+    loaded = aviatorc.load(folder)
+    feeds = {"input_ids": np.arange(5, 13, dtype=np.int64)[None, :], "attention_mask": np.ones((1, 8), np.int64)}
+    before = aviatorc.Session(loaded).run(feeds)["logits"]
+    header, body = split((folder / WEIGHTS).read_bytes())
+    noise = np.random.default_rng(0).integers(0, 256, len(body), dtype=np.uint8).tobytes()
+    (folder / WEIGHTS).write_bytes(join(header, noise))  # in place: same inode, other bytes
+    name = first_tensor(header)
+    assert np.array_equal(loaded.tensor(name), aviatorc.load(artifact).tensor(name))
+    assert np.array_equal(aviatorc.Session(loaded).run(feeds)["logits"], before)
+    with pytest.raises(ArtifactError, match="was changed after the compile"):  # a new load sees the change
+        aviatorc.load(folder)
+
+
+def test_a_folder_others_can_write_is_loaded_with_a_warning(artifact, tmp_path, caplog):
+    folder = tampered_copy(artifact, tmp_path / "t.avc")
+    with caplog.at_level(logging.WARNING, logger="aviatorc"):
+        aviatorc.load(folder)
+    assert not [r for r in caplog.records if "writable" in r.getMessage()]
+    folder.chmod(0o777)
+    with caplog.at_level(logging.WARNING, logger="aviatorc"):
+        aviatorc.load(folder)
+    assert any("is writable by everyone" in r.getMessage() and "chmod go-w" in r.getMessage() for r in caplog.records)
+
+
+def test_the_cli_says_one_line_for_a_tampered_weights_file(artifact, tmp_path):
+    folder = tampered_copy(artifact, tmp_path / "t.avc", files={WEIGHTS: header_lie("offsets past the end",
+                                                                                    (artifact / WEIGHTS).read_bytes())})
+    np.savez(tmp_path / "feeds.npz", input_ids=np.ones((1, 8), dtype=np.int64))
+    out = subprocess.run([sys.executable, "-m", "aviatorc", "run", str(folder), "--inputs", str(tmp_path / "feeds.npz")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"aviatorc: error: {folder}: {WEIGHTS} tensor '"), out.stderr
