@@ -1,7 +1,7 @@
 """Rebuild BENCHMARKS.md from the results each benchmark writes under tools/results/.
 
     python tools/bench_import.py && python tools/onnx_conformance.py && ... && python tools/fuzz.py --budget 2000 \
-        && python tools/update_benchmarks.py
+        && python tools/fuzz.py --artifacts --budget 1000 && python tools/update_benchmarks.py
 
 Each benchmark prints its figures and writes `tools/results/<name>.md` whole (some also save
 the figures as `<name>.json` and render the page from them: `tools/bench_pages.py`); this script
@@ -26,6 +26,7 @@ ORDER = [
     ("bench_serve", "python tools/bench_serve.py --draft"),
     ("bench_report", "python tools/bench_report.py"),
     ("fuzz", "python tools/fuzz.py --budget 2000"),
+    ("fuzz_artifacts", "python tools/fuzz.py --artifacts --budget 1000"),
 ]
 
 

@@ -67,8 +67,11 @@ def named_by_module(source: Path, out: Path) -> Path:
     return out
 
 
+EOS = TINY["eos_token_id"]
+
+
 def generate_like_transformers(model: Any, prompt: list[int], new: int) -> list[int]:
+    """transformers' greedy `generate` (it stops at the eos: pass `eos_token_id=EOS` to ours)."""
     import torch
 
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False, min_new_tokens=new)
-    return out[0].tolist()
+    return model.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False)[0].tolist()

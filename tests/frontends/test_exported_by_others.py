@@ -78,7 +78,7 @@ def test_phi_blocks_named_by_module_run_and_generate_at_fp32(phi, phi_step, phi_
     got = session.run(feeds)
     for name in ("logits", "present.1.value"):
         np.testing.assert_allclose(got[name], want[name], atol=1e-4, rtol=0)
-    assert session.generate(PROMPT, NEW).tolist() == exported.generate_like_transformers(phi, PROMPT, NEW)
+    assert session.generate(PROMPT, NEW, eos_token_id=exported.EOS).tolist() == exported.generate_like_transformers(phi, PROMPT, NEW)
 
 
 @pytest.mark.parametrize("quant", ["int8", "int4"])
@@ -101,7 +101,7 @@ def test_a_decode_step_with_one_new_token_generates_a_token_at_a_time(phi, tmp_p
     assert "prefill is per token" in result.report.summary()
     session = aviatorc.Session(result)
     want = exported.generate_like_transformers(phi, PROMPT, NEW)
-    assert session.generate(PROMPT, NEW).tolist() == want
+    assert session.generate(PROMPT, NEW, eos_token_id=exported.EOS).tolist() == want
     # The step API the server drives: a prompt in one prefill call, then batched decode steps.
     first = [int(np.argmax(session.prefill(slot, PROMPT))) for slot in (0, 1)]
     assert first == [want[len(PROMPT)]] * 2
@@ -152,7 +152,7 @@ def test_a_gemma_style_tied_head_is_quantized_for_corsair(quant, tmp_path):
     head = [t for t in result.plan.tile_records() if t["role"] == "lm_head"]
     assert head and {t["format"]["format"] for t in head} == {quant}
     if quant == "int8":
-        assert aviatorc.Session(result).generate(PROMPT, NEW).tolist() == \
+        assert aviatorc.Session(result).generate(PROMPT, NEW, eos_token_id=exported.EOS).tolist() == \
             exported.generate_like_transformers(model, PROMPT, NEW)
 
 

@@ -269,6 +269,7 @@ def test_missing_example_inputs():
     lambda x: F.softplus(x) + F.log_softmax(x, -1) + F.hardtanh(x),
     lambda x: torch.arange(x.shape[1]).float() * x,
     lambda x: torch.ones_like(x).masked_fill(x < 0, 3.0) + torch.full((1, 16), 2.0),
+    lambda x: x.reshape(8, 8).view_as(x) + x.reshape(2, 32).reshape_as(x),  # BEAM's view_as
 ])
 def test_op_conversions_match_eager(fn):
     class Fn(nn.Module):

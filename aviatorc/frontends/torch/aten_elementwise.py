@@ -348,15 +348,13 @@ def elu(cx: Lowering, node: Any) -> Value:
 
 @converts("aten.to", "aten._to_copy", "aten.type_as", "aten.clone", "aten.contiguous", "aten.alias",
           "aten.detach", "aten.detach_", "aten.lift_fresh_copy", "aten.dropout", "aten.feature_dropout", "aten.alpha_dropout",
-          "aten._unsafe_view_copy", "aten.view_as", "aten.resolve_conj", "aten.resolve_neg", "aten.copy")
+          "aten._unsafe_view_copy", "aten.resolve_conj", "aten.resolve_neg", "aten.copy")
 def passthrough(cx: Lowering, node: Any) -> Value:
     """Ops that keep the values: the importer casts to torch's dtype afterwards. (`detach_` is in
     place, but changes no value: the graph's other readers of its input see the same values.)"""
     key = str(node.target)
     if key.startswith("aten.copy."):
         return cx.value(node.args[1])  # copy(self, src): src's values in self's shape (same here)
-    if key.startswith("aten.view_as."):
-        raise Unsupported(key)
     return cx.value(node.args[0])
 
 

@@ -61,7 +61,7 @@ def reshape_to(cx: Lowering, x: Value, in_val: Any, out_val: Any) -> Value:
 
 
 @converts("aten.view", "aten.reshape", "aten._unsafe_view", "aten.view_copy", "aten.flatten", "aten.unflatten",
-          "aten.squeeze_copy", "aten.unsqueeze_copy", "aten.ravel")
+          "aten.squeeze_copy", "aten.unsqueeze_copy", "aten.ravel", "aten.view_as", "aten.reshape_as")
 def view(cx: Lowering, node: Any) -> Value:
     src = node.args[0]
     return reshape_to(cx, cx.value(src), cx.meta(src), cx.meta())

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aviatorc.errors import AviatorError, OptionError, UnsupportedModelError
+from aviatorc.errors import AviatorError, ModelFormatError, OptionError
 from aviatorc.frontends import hf_config
 
 if TYPE_CHECKING:
@@ -58,18 +58,20 @@ def build_meta_model(config: dict[str, Any], *, on_meta: bool = True, seed: int 
     cfg, model_class = hf_config.check_with_transformers(config)
     cfg._attn_implementation = "sdpa"  # one aten.scaled_dot_product_attention per layer
     try:
-        model = _build(config, cfg, model_class, on_meta=on_meta, seed=seed)
-    except ValueError as error:
-        if "attention implementation" not in str(error):
-            raise
-        # The family's attention has no SDPA path in transformers: look at its layers (eagerly
-        # built, on the meta device) to say what it is, then refuse.
-        cfg._attn_implementation = "eager"
-        hf_config.check_layer_kinds(_build(config, cfg, model_class, on_meta=True, seed=seed))
-        raise UnsupportedModelError(
-            f"transformers builds '{config['model_type']}' without scaled-dot-product attention (its attention is "
-            "a variant: soft-capping, sinks, or a kind of its own), and the config.json import needs it",
-            field="model_type", hint="import the model from its transformers module or an ONNX export") from None
+        try:
+            model = _build(config, cfg, model_class, on_meta=on_meta, seed=seed)
+        except ValueError as error:
+            if "attention implementation" not in str(error):
+                raise
+            # No SDPA path for this family in transformers (its attention is a variant: soft-capping,
+            # sinks, block-sparse): its eager attention, as explicit MatMul and Softmax nodes.
+            cfg._attn_implementation = "eager"
+            model = _build(config, cfg, model_class, on_meta=on_meta, seed=seed)
+    except Exception as error:  # noqa: BLE001 - transformers trusts its config: any failure here is the config's
+        text = " ".join(str(error).split())[:300]
+        raise ModelFormatError(f"transformers could not build '{config['model_type']}' from this config: "
+                               f"{type(error).__name__}: {text}", hint="check the config's fields against the "
+                               "model type's") from None
     hf_config.check_layer_kinds(model)
     hf_config.check_built(model)
     return model.eval()
