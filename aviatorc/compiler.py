@@ -94,16 +94,32 @@ def seconds(value: float) -> str:
 
 
 def plan_summary(plan: Mapping[str, Any]) -> list[str]:
-    """The predicted figures, each next to its physical bound, and under them what the
-    prediction leaves out (the scheduler's notes: uncharged transfers among them)."""
+    """The predicted figures, each with the range the target's assumed figures span and next to
+    its physical bound (naming the term that binds), and under them what the prediction leaves out."""
     p, memory = plan["prediction"], plan["memory"]
     bound = p["bound"]
+    ranges = p.get("ranges", {})
     notes = [f"  (prediction: {note})" for note in plan.get("notes", [])]
+
+    def span(key: str) -> str:
+        r = ranges.get(key)
+        if not r or r["low"] == r["high"]:
+            return ""
+        moved = {k: abs(b - a) for k, (a, b) in r["sensitivity"].items()}
+        most = max(sorted(moved), key=lambda k: moved[k]) if moved else ""
+        return (f" [{seconds(r['low'])} to {seconds(r['high'])} over the assumed figures"
+                + (f"; most sensitive to {most}" if most and moved[most] > 0 else "") + "]")
+
+    def binding(terms: Mapping[str, float]) -> str:
+        return max(sorted(terms), key=lambda k: terms[k]) if terms else "?"
+
     return [
-        f"predicted decode: {seconds(p['time_per_token_s'])} per step, {p['tokens_per_s']:,.1f} tokens/s; "
-        f"bound {seconds(bound['token_s'])}, efficiency {p['efficiency']:.3f}",
-        f"predicted time to first token: {seconds(p['ttft_s'])} (bound {seconds(bound['ttft_s'])}); "
-        f"cold start to first token {seconds(p['cold_start_s'])} (bound {seconds(bound['cold_s'])}; "
+        f"predicted decode: {seconds(p['time_per_token_s'])} per step{span('time_per_token_s')}, "
+        f"{p['tokens_per_s']:,.1f} tokens/s; bound {seconds(bound['token_s'])} ({binding(bound['token_terms'])} "
+        f"binds), efficiency {p['efficiency']:.3f}",
+        f"predicted time to first token: {seconds(p['ttft_s'])}{span('ttft_s')} (bound {seconds(bound['ttft_s'])}, "
+        f"{binding(bound['ttft_terms'])} binds)",
+        f"cold start to first token {seconds(p['cold_start_s'])}{span('cold_start_s')} (bound {seconds(bound['cold_s'])}; "
         f"{seconds(p['cold_start_naive_order_s'])} loading in name order)",
         *notes,
         f"SRAM: KV cache {memory['kv_bytes']:,} bytes in {memory['kv_location']} ({memory['kv_dtype']}), "
@@ -130,18 +146,16 @@ class CompileResult:
         -o` on the saved artifact gives the same bytes."""
         from aviatorc.plan.artifact import WEIGHTS, encode_tensors, to_json_bytes
         from aviatorc.plan.weights import pack_weights
-        from aviatorc.schedule.trace import chrome_trace
 
         files = {"graph.ir": print_graph(self.graph).encode(), "report.json": self.report.to_json().encode()}
         if self.plan is None:
             return files
-        plan = self.plan.to_dict()
         tensors = pack_weights(self.graph, self.placement)
         if tensors is not None:
-            files[WEIGHTS], plan["tensor_dtypes"] = encode_tensors(tensors)
-        files["plan.json"] = to_json_bytes(plan)
+            files[WEIGHTS], self.plan.tensor_dtypes = encode_tensors(tensors)
+        files["plan.json"] = to_json_bytes(self.plan.to_dict(), compact=True)
         files["target.toml"] = self.target.to_toml().encode()
-        files["trace.json"] = to_json_bytes(chrome_trace(self.plan.decode_timeline))
+        files["trace.json"] = to_json_bytes(self.plan.trace or {})
         if html_report:
             from aviatorc.report import ReportSources, render_html, report_data
 
@@ -247,6 +261,7 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
     from aviatorc.partition import make_problem, partition
     from aviatorc.partition.weights import weights_from_graph
     from aviatorc.plan.check import check_plan
+    from aviatorc.plan.records import to_json
     from aviatorc.schedule import Workload, model_facts, plan_memory, schedule
 
     weights = weights_from_graph(graph)
@@ -268,7 +283,8 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
                         target_sha256=hashlib.sha256(target.to_toml().encode()).hexdigest())
         check_plan(plan, target)  # independent of the scheduler: a failure here is an aviatorc bug
     timings["schedule_s"] = round(time.perf_counter() - started, 3)
-    report.data["plan"] = {"memory": plan.memory, "prediction": plan.prediction, "notes": plan.notes,
+    report.data["plan"] = {"memory": to_json(plan.memory), "prediction": to_json(plan.prediction),
+                           "notes": list(plan.notes),
                            "instructions": {phase: p.count() for phase, p in sorted(plan.programs.items())}}
     return placement, plan
 

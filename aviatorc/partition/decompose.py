@@ -173,5 +173,5 @@ def _surely_optimal(problem: Problem, tiles: list[int], hint: list[int], cost: i
     if any(f >= smallest for f in free):
         return False
     total = sum(problem.stream_ps[t] for t in tiles)
-    floor = max(-(-total // len(problem.stream_cards)), max(problem.stream_ps[t] for t in tiles))
+    floor = max(-(-total // len(problem.stream_channels)), max(problem.stream_ps[t] for t in tiles))
     return sum(c.stream_ps for c in layer_costs(problem, hint, tiles)) <= floor

@@ -42,18 +42,16 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from aviatorc.backends.contract import DEVICES, Backend, Precedence, WeightStore, backend_class, open_cluster
 from aviatorc.errors import OptionError
 from aviatorc.ir import Graph
 from aviatorc.ir.types import format_shape, numpy_dtype
 from aviatorc.plan.artifact import Artifact, load
 from aviatorc.runtime.cache import CacheLayout, find_cache, static_reason
 from aviatorc.runtime.errors import NotRunnableError, RuntimeInputError
-from aviatorc.runtime.precedence import Precedence
 from aviatorc.runtime.sampling import check_sampling, sample
-from aviatorc.runtime.weights import WeightStore
 from aviatorc.target import Target, load_target
 
-DEVICES = ("sim", "cuda")
 RUN_PHASE = "prefill"  # a run processes the graph's whole prompt: the prefill program
 
 
@@ -115,20 +113,16 @@ class Session:
         self.target: Target = load_target(self.artifact.path / "target.toml")
         self.program = self.artifact.programs[RUN_PHASE]
         self.weights = WeightStore(self.artifact, self.graph)
-        from aviatorc.backends import backend_class
-
         backend = backend_class(device)  # CudaBackend refuses to build without a GPU (NotRunnableError)
         # Every program's backend now: one whose held buffers overflow the SRAM is refused here.
-        self._backends: dict[str, Any] = {
+        self._backends: dict[str, Backend] = {
             phase: backend(program, self.graph, self.weights, sram_bytes=self.target.chiplet.sram_bytes, replay=replay)
             for phase, program in sorted(self.artifact.programs.items())}
         self.precedence = Precedence()  # `with session.precedence.first():` pauses this session's other steps
         for phase_backend in self._backends.values():
             phase_backend.precedence = self.precedence
         if world > 1:  # one rank per card: this process drives, the others run their cards' streams
-            from aviatorc.runtime.distributed import Cluster
-
-            self._cluster = Cluster(self.artifact, self.graph, self.target, self.weights, world, timeout_s=timeout_s)
+            self._cluster = open_cluster(self.artifact, self.graph, self.target, self.weights, world, timeout_s=timeout_s)
             self._backends = {phase: self._cluster.backend(phase) for phase in self._backends}
         self._backend = self._backends[RUN_PHASE]
         self._predicted: dict[str, float] | None = None

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from aviatorc.errors import InfeasibleError, OptionError
 from aviatorc.partition.tiling import Tile
 from aviatorc.plan.ir import Workload
+from aviatorc.plan.plan import MemoryFigures
 from aviatorc.schedule.model import ModelFacts
 from aviatorc.target import Target
 
@@ -66,12 +67,12 @@ class MemoryPlan:
     stage_chunk_bytes: int  # the most one load brings in (a sub-strip of a streamed tile, a KV block)
     reserve_bytes: tuple[int, ...]  # per chiplet of the machine: held back from weights
 
-    def describe(self) -> dict[str, object]:
-        return {"kv_dtype": self.kv.dtype, "kv_location": self.kv.location, "kv_bytes": self.kv.total_bytes,
-                "kv_chunk_bytes": self.kv.chunk_bytes, "scratch_bytes_per_chiplet": self.scratch_bytes,
-                "prefill_chunk_tokens": self.prefill_chunk_tokens,
-                "staging_bytes_per_chiplet": self.staging_bytes,
-                "stage_chunk_bytes": self.stage_chunk_bytes, "reserve_bytes": list(self.reserve_bytes)}
+    def describe(self) -> MemoryFigures:
+        return MemoryFigures(kv_dtype=self.kv.dtype, kv_location=self.kv.location, kv_bytes=self.kv.total_bytes,
+                             kv_chunk_bytes=self.kv.chunk_bytes, kv_layer_chiplets=dict(self.kv.chiplet_of_layer),
+                             scratch_bytes_per_chiplet=self.scratch_bytes,
+                             prefill_chunk_tokens=self.prefill_chunk_tokens, staging_bytes_per_chiplet=self.staging_bytes,
+                             stage_chunk_bytes=self.stage_chunk_bytes, reserve_bytes=tuple(self.reserve_bytes))
 
 
 def kv_bytes_per_token(width: int, dtype: str) -> float:

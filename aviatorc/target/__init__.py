@@ -59,5 +59,6 @@ def cli_show(name: str, cards: int | None = None, resolved: bool = False) -> str
     header = [f"# {target.name} resolved from {target.source}"]
     header += [f"# {key}: {_bytes(v) if 'bytes' in key and 'per_s' not in key else v}" for key, v in summary.items()]
     if target.assumed:
-        header.append(f"# assumptions (override them): {', '.join(target.assumed)}")
+        header.append("# assumed figures (override them; [assumed] gives each one's range): "
+                      f"{', '.join(a.key for a in target.assumed)}")
     return "\n".join(header) + "\n" + target.to_toml()
