@@ -340,8 +340,14 @@ class _Checker(StreamInterpreter):
         waits: list[tuple[int, int, Wait]] = []
         for c, step, ins in self.program.instructions():
             if isinstance(ins, Send):
+                if ins.to not in self.allowed:
+                    raise self.fail("outside-chiplets", f"send '{ins.value}' to chiplet {ins.to}, outside the allowed "
+                                    f"chiplets {_list(self.allowed)}", c, step)
                 sends.setdefault((ins.value, c, ins.to), []).append((step, ins.bytes))
             elif isinstance(ins, Recv):
+                if ins.src not in self.allowed:
+                    raise self.fail("outside-chiplets", f"recv '{ins.value}' from chiplet {ins.src}, outside the "
+                                    f"allowed chiplets {_list(self.allowed)}", c, step)
                 recvs.setdefault((ins.value, ins.src, c), []).append((step, ins.bytes))
             elif isinstance(ins, Wait) and not self.rules.own_staging(c, ins.event):
                 waits.append((c, step, ins))
@@ -378,9 +384,9 @@ class _Checker(StreamInterpreter):
 
     # -- 4. the streams, run -------------------------------------------------------------
 
-    def _channel(self, c: int, step: int, op: str, channel: int) -> None:
+    def _channel(self, c: int, step: int, what: str, channel: int) -> None:
         if not 0 <= channel < self.target.num_channels:
-            raise self.fail("wrong-channel", f"{op} from LPDDR channel {channel} but the target has "
+            raise self.fail("wrong-channel", f"{what} LPDDR channel {channel} but the target has "
                             f"{self.target.num_channels} channel(s)", c, step)
 
     def _end_of(self, c: int, step: int, now: float) -> float:
@@ -391,7 +397,7 @@ class _Checker(StreamInterpreter):
     def on_load(self, c: int, step: int, ins: Load, now: float) -> float:
         b = self.rules.buffer(c, step, "load", ins.buf)
         if b.kind == "staging":
-            self._channel(c, step, f"load '{b.name}'", ins.channel)
+            self._channel(c, step, f"load '{b.name}' from", ins.channel)
             tile = self._tile(b)
             if tile is not None:
                 if tile.channel is None:
@@ -436,16 +442,10 @@ class _Checker(StreamInterpreter):
         return self._end_of(c, step, now)
 
     def on_send(self, c: int, step: int, ins: Send, now: float) -> float:
-        if ins.to not in self.allowed:
-            raise self.fail("outside-chiplets", f"send '{ins.value}' to chiplet {ins.to}, outside the allowed "
-                            f"chiplets {_list(self.allowed)}", c, step)
         self.fire(self.transfer_key(ins.value, c, ins.to), now)
         return self._end_of(c, step, now)
 
     def on_recv(self, c: int, step: int, ins: Recv, now: float) -> float | None:
-        if ins.src not in self.allowed:
-            raise self.fail("outside-chiplets", f"recv '{ins.value}' from chiplet {ins.src}, outside the allowed "
-                            f"chiplets {_list(self.allowed)}", c, step)
         after = self.await_key(c, self.transfer_key(ins.value, ins.src, c), now)
         return after if after is None else self._end_of(c, step, after)
 
@@ -454,7 +454,7 @@ class _Checker(StreamInterpreter):
         return self._end_of(c, step, now)
 
     def on_store(self, c: int, step: int, ins: Store, now: float) -> float:
-        self._channel(c, step, f"store '{ins.what}'", ins.channel)
+        self._channel(c, step, f"store '{ins.what}' to", ins.channel)
         return self._end_of(c, step, now)
 
     def on_host(self, c: int, step: int, ins: Host, now: float) -> float:

@@ -546,6 +546,15 @@ def make(op: str, **values: Any) -> Instruction:
             raise ValueError(f"'{op}' field '{name}' must be a count >= 0, not {value!r}")
         if kind is str and not isinstance(value, str):
             raise ValueError(f"'{op}' field '{name}' must be a name, not {value!r}")
+        if kind is bool and not isinstance(value, bool):
+            raise ValueError(f"'{op}' field '{name}' must be true or false, not {value!r}")
+        if kind == tuple[str, ...] and not (isinstance(value, tuple) and all(isinstance(v, str) for v in value)):
+            raise ValueError(f"'{op}' field '{name}' must be a tuple of names, not {value!r}")
+        if kind == Part | None and not (value is None or isinstance(value, Part)):
+            raise ValueError(f"'{op}' field '{name}' must be a Part or None, not {value!r}")
+        if kind is ValueRef and not (isinstance(value, ValueRef) and isinstance(value.name, str)
+                                     and (value.part is None or isinstance(value.part, Part))):
+            raise ValueError(f"'{op}' field '{name}' must be a ValueRef, not {value!r}")
     return cls(**values)
 
 
@@ -582,6 +591,25 @@ def _word(text: str) -> str:
     return text if _PLAIN.match(text) else json.dumps(text)
 
 
+def _value_text(ref: ValueRef) -> str:
+    """A value's name as a word (quoted when it would read as a part: `"h[cols:0:4]"` is a name,
+    `h[cols:0:4]` a part of h), then its part."""
+    name = json.dumps(ref.name) if _PART_SUFFIX.match(ref.name) else _word(ref.name)
+    return name if ref.part is None else f"{name}[{ref.part}]"
+
+
+def _parse_value(raw: str) -> ValueRef:
+    if not raw.startswith('"'):
+        return ValueRef.parse(raw)
+    name, end = json.JSONDecoder().raw_decode(raw)
+    rest = raw[end:]
+    if not rest:
+        return ValueRef(name)
+    if not (rest.startswith("[") and rest.endswith("]")):
+        raise ValueError(f"'{raw}' is not a value (name or name[part])")
+    return ValueRef(name, Part.parse(rest[1:-1]))
+
+
 def _text_of(kind: Any, value: Any) -> str:
     if kind is bool:
         return "1" if value else "0"
@@ -589,6 +617,8 @@ def _text_of(kind: Any, value: Any) -> str:
         return ",".join(_word(v) for v in value)
     if kind == Part | None:
         return "" if value is None else str(value)
+    if kind is ValueRef:
+        return _value_text(value)
     return _word(str(value))
 
 
@@ -620,7 +650,7 @@ def _value_of(kind: Any, raw: str) -> Any:
     if kind == Part | None:
         return Part.parse(raw) if raw else None
     if kind is ValueRef:
-        return ValueRef.parse(_unword(raw))
+        return _parse_value(raw)
     return _unword(raw)
 
 

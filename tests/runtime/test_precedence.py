@@ -13,7 +13,7 @@ import threading
 
 import numpy as np
 import pytest
-from aviatorc.runtime.precedence import Precedence
+from aviatorc.backends.contract import Precedence
 
 import aviatorc
 from aviatorc import zoo
