@@ -171,6 +171,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, default=DEFAULTS.context, help="KV-cache tokens per sequence (decode)")
     p.add_argument("--prompt", type=int, default=DEFAULTS.prompt, help="prompt tokens per sequence (prefill)")
     p.add_argument("--no-prefetch", action="store_true", help="load streamed weights just before use (no overlap)")
+    p.add_argument("--no-ranges", action="store_true",
+                   help="skip re-timing the plan over the target's assumed figures (faster; no ranges in the report)")
+    p.add_argument("--no-sweep", action="store_true", help="skip the batch and context sweep (faster)")
     p.add_argument("--kv-cache", choices=KV_CACHE_CHOICES, default=DEFAULTS.kv_cache, help="where the KV cache lives")
     p.add_argument("--kv-dtype", choices=KV_DTYPE_CHOICES, default=DEFAULTS.kv_dtype, help="KV cache element type")
     p.add_argument("--solver", choices=SOLVER_CHOICES, default=DEFAULTS.solver,
@@ -355,6 +358,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         "passes": tuple(p.strip() for p in args.passes.split(",") if p.strip()) if args.passes else None,
         "print_ir_after_change": args.print_ir_after_change, "seed": args.seed, "time_limit_s": args.time_limit,
         "batch": args.batch, "context": args.context, "prompt": args.prompt, "prefetch": not args.no_prefetch,
+        "ranges": not args.no_ranges, "sweep": not args.no_sweep,
         "kv_cache": args.kv_cache, "kv_dtype": args.kv_dtype, "solver": args.solver, "chiplets": args.chiplets,
     }
     from aviatorc.plan.artifact import check_output_path

@@ -280,6 +280,7 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
     with stage(_logger, f"scheduling decode (batch {workload.batch}, context {workload.context}) and prefill "
                f"(prompt {workload.prompt})", echo=echo):
         plan = schedule(graph, placement, weights, target, workload, memory, chiplets=allowed, prefetch=opts.prefetch,
+                        ranges=opts.ranges, sweep=opts.sweep,
                         target_sha256=hashlib.sha256(target.to_toml().encode()).hexdigest())
         check_plan(plan, target)  # independent of the scheduler: a failure here is an aviatorc bug
     timings["schedule_s"] = round(time.perf_counter() - started, 3)

@@ -57,6 +57,8 @@ class CompileOptions:
     context: int = 2048
     prompt: int = 128
     prefetch: bool = True  # overlap streamed weights' loads with compute (off: load just before use)
+    ranges: bool = True  # re-time the plan over the target's assumed figures (their ranges and sensitivity)
+    sweep: bool = True  # time per token over other batches and contexts
     kv_cache: str = "auto"  # "auto", "sram" or "lpddr"
     kv_dtype: str = "fp16"  # "fp16", "bf16" or "int8"
     # The partitioner: "greedy", or "cpsat" (greedy, then CP-SAT per layer). Greedy by default: on the

@@ -17,6 +17,7 @@ Imports run one way: `aviatorc.runtime` -> this module -> the backend modules.
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -201,25 +202,27 @@ class BackendFactory(Protocol):
                  replay: bool = True) -> Backend: ...
 
 
-DEVICES = ("sim", "cuda")
+# The backends by device, named rather than imported: a backend module imports this contract, and
+# loading one (the cuda backend imports torch) waits until a session asks for its device.
+BACKENDS = {"sim": "aviatorc.backends.sim:SimBackend", "cuda": "aviatorc.backends.cuda:CudaBackend"}
+CLUSTER = "aviatorc.backends.cluster:Cluster"
+DEVICES = tuple(BACKENDS)
+
+
+def _resolve(spec: str) -> Any:
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def backend_class(device: str) -> BackendFactory:
     """The backend that runs a plan's programs on `device` ("sim" or "cuda")."""
-    if device == "sim":
-        from aviatorc.backends.sim import SimBackend
-
-        return SimBackend
-    if device == "cuda":
-        from aviatorc.backends.cuda import CudaBackend
-
-        return CudaBackend
-    raise OptionError(f"unknown device '{device}'", hint=f"choose one of {', '.join(DEVICES)}")
+    if device not in BACKENDS:
+        raise OptionError(f"unknown device '{device}'", hint=f"choose one of {', '.join(DEVICES)}")
+    factory: BackendFactory = _resolve(BACKENDS[device])
+    return factory
 
 
 def open_cluster(artifact: Artifact, graph: Graph, target: Target, weights: WeightStore, world: int, *,
                  timeout_s: float) -> Any:
     """A multi-card run: one rank per card on torch.distributed (`aviatorc.backends.cluster`)."""
-    from aviatorc.backends.cluster import Cluster
-
-    return Cluster(artifact, graph, target, weights, world, timeout_s=timeout_s)
+    return _resolve(CLUSTER)(artifact, graph, target, weights, world, timeout_s=timeout_s)

@@ -72,19 +72,23 @@ class StreamInterpreter:
 
     def _advance(self, c: int, now: float) -> float | None:
         """Run stream c from `now` until it blocks (None) or ends (its clock)."""
-        stream = self.streams[c]
-        while self.pc[c] < len(stream):
-            ins = stream[self.pc[c]]
-            if ins.claims and self._queue and self._queue[0][0] < now:
-                heapq.heappush(self._queue, (now, c))  # let the streams behind this clock go first
+        stream, queue, step = self.streams[c], self._queue, self.step
+        pc = self.pc[c]
+        self._parked.pop(c, None)
+        while pc < len(stream):
+            ins = stream[pc]
+            if ins.claims and queue and queue[0][0] < now:
+                self.pc[c] = pc
+                heapq.heappush(queue, (now, c))  # let the streams behind this clock go first
                 return None
-            after = self.step(c, self.pc[c], ins, now)
+            after = step(c, pc, ins, now)
             if after is BLOCKED:
+                self.pc[c] = pc
                 self._parked[c] = now
                 return None
-            self._parked.pop(c, None)
             now = after
-            self.pc[c] += 1
+            pc += 1
+        self.pc[c] = pc
         return now
 
     def step(self, c: int, step: int, ins: Instruction, now: float) -> float | None:

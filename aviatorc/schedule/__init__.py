@@ -63,6 +63,10 @@ def schedule(graph: Graph, placement: Placement, weights: Sequence[WeightSpec], 
     bound = physical_bound(weights, target, workload, inputs, chiplets=allowed)
     flops = _flops_by_layer(programs["prefill"], facts)
     cold = cold_start(placement, target, ttft, flops)
+    spans = {}
+    if ranges and target.assumed:
+        with stage(_logger, f"timing the plan over the target's {len(target.assumed)} assumed figures"):
+            spans = figure_ranges(programs, placement, target, chunks, flops)
     prediction = Prediction(
         time_per_token_s=decode.makespan_s,
         tokens_per_s=workload.batch / decode.makespan_s if decode.makespan_s else 0.0,
@@ -76,7 +80,7 @@ def schedule(graph: Graph, placement: Placement, weights: Sequence[WeightSpec], 
         efficiency=bound.token_s / decode.makespan_s if decode.makespan_s else 0.0,
         ttft_efficiency=bound.ttft_s / ttft if ttft else 0.0,
         sram_peak_bytes=dict(sorted(decode.peak_sram_bytes().items())),
-        ranges=figure_ranges(programs, placement, target, chunks, flops) if ranges else {},
+        ranges=spans,
         sweep=_sweep(facts, placement, weights, target, workload, memory, allowed, prefetch) if sweep else (),
     )
     notes = list(NOTES)

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from aviatorc.plan.check import held_bytes
 from aviatorc.plan.interpret import BLOCKED, StreamInterpreter
 from aviatorc.plan.ir import Compute, Free, Host, Load, Program, Recv, Send, Signal, Store, Wait, format_instr
 from aviatorc.plan.plan import Plan
-from aviatorc.target import Target
+from aviatorc.target import LinkLevel, Target
 
 
 class SimulationError(RuntimeError):
@@ -84,12 +85,14 @@ class _Simulator(StreamInterpreter):
         super().__init__(program)
         self.target, self.record = target, record
         self.channel_free = [0.0] * target.num_channels
+        self.channel_tracks = [f"lpddr channel {h}" for h in range(target.num_channels)]
         self.link_free: dict[tuple[int, int], float] = {}
         self.pcie_free = [0.0] * target.cards
         self.spans: list[Span] = []
         self.busy: dict[str, float] = {}
-        self.held = {c: sum(b.bytes for b in program.buffers.values() if b.kind != "staging" and b.chiplet == c)
-                     for c in self.streams}
+        held = held_bytes(program)
+        self.held = {c: held.get(c, 0) for c in self.streams}
+        self.links: dict[tuple[int, int], tuple[LinkLevel, tuple[int, int], str]] = {}
         self.samples: dict[int, list[tuple[float, int]]] = {c: [(0.0, self.held[c])] for c in self.streams}
         self.tracks = {c: f"chiplet {c}" for c in self.streams}
         self.busy.update(dict.fromkeys(self.tracks.values(), 0.0))
@@ -124,15 +127,14 @@ class _Simulator(StreamInterpreter):
         start = max(now, self.channel_free[channel])
         done = start + nbytes / t.channel_bytes_per_s
         self.channel_free[channel] = done
-        self.span(f"lpddr channel {channel}", kind, name, start, done)
-        link = t.channel_link(channel, chiplet)
-        if link is None:
+        self.span(self.channel_tracks[channel], kind, name, start, done)
+        if t.channel_of(chiplet) == channel:
             return done
-        level, resource = _link(t, t.chiplets_of_channel(channel)[0], chiplet)
+        link, resource, track = self.link(t.chiplets_of_channel(channel)[0], chiplet)
         link_start = max(start, self.link_free.get(resource, 0.0))
         link_done = max(link_start + link.occupancy_s(nbytes), done)
         self.link_free[resource] = link_done
-        self.span(f"link {link.name} {resource[1]}", kind, name, link_start, link_done)
+        self.span(track, kind, name, link_start, link_done)
         return link_done + link.latency_s
 
     def on_load(self, c: int, step: int, ins: Load, now: float) -> float:
@@ -162,14 +164,21 @@ class _Simulator(StreamInterpreter):
         self.fire(ins.event, now)
         return now
 
+    def link(self, a: int, b: int) -> tuple[LinkLevel, tuple[int, int], str]:
+        """The link level chiplets a and b talk over, the resource that carries it, and its track."""
+        found = self.links.get((a, b))
+        if found is None:
+            level, resource = _link(self.target, a, b)
+            link = self.target.links[level]
+            found = self.links[(a, b)] = (link, resource, f"link {link.name} {resource[1]}")
+        return found
+
     def on_send(self, c: int, step: int, ins: Send, now: float) -> float:
-        level, resource = _link(self.target, c, ins.to)
-        link = self.target.links[level]
+        link, resource, track = self.link(c, ins.to)
         start = max(now, self.link_free.get(resource, 0.0))
         busy_until = start + link.occupancy_s(ins.bytes)
         self.link_free[resource] = busy_until
-        self.span(f"link {link.name} {resource[1]}", "send", f"{ins.value} {c}->{ins.to}" if self.record else "", start,
-                  busy_until)
+        self.span(track, "send", f"{ins.value} {c}->{ins.to}" if self.record else "", start, busy_until)
         self.fire((ins.value, c, ins.to), busy_until + link.latency_s)
         return now
 
