@@ -79,7 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if late_debug:  # `aviatorc compile m.onnx --debug` as well as `aviatorc --debug compile ...`
         argv = [a for i, a in enumerate(argv) if a != "--debug" or i >= end]
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the command's own parser, so the line points to the command's --help
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.debug = args.debug or late_debug
 
     def one_line(text: str, limit: int = 2000) -> str:
@@ -272,7 +274,18 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--cards", type=int)
     t.add_argument("--resolved", action="store_true", help="echo the fully resolved description")
     t.set_defaults(handler=cmd_target_show)
+    _name_own_parsers(parser)
     return parser
+
+
+def _name_own_parsers(parser: argparse.ArgumentParser) -> None:
+    """Each (sub)command's parser in its namespace as `command_parser`, the innermost winning, so
+    an error found after parsing (an unknown option) names that command's --help."""
+    parser.set_defaults(command_parser=parser)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _name_own_parsers(child)
 
 
 def _add_verbosity(p: argparse.ArgumentParser, *, quiet: str = "print nothing but the result, warnings and errors "
@@ -286,10 +299,9 @@ def _add_verbosity(p: argparse.ArgumentParser, *, quiet: str = "print nothing bu
 
 
 def _console() -> Any:
-    from rich.console import Console
+    from aviatorc.terminal import stdout_console
 
-    # No markup: paths and model names are printed as they are ("[v2]" is not a style tag).
-    return Console(highlight=False, markup=False)
+    return stdout_console()
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -561,9 +573,11 @@ def _model_path(model: str) -> Path:
     path = Path(model)
     if not path.exists():
         from aviatorc.errors import OptionError
+        from aviatorc.frontends import ACCEPTED_SOURCES
 
-        raise OptionError(f"model '{model}' does not exist")
+        raise OptionError(f"model '{model}' does not exist", hint=ACCEPTED_SOURCES)
     return path
+
 
 
 if __name__ == "__main__":
