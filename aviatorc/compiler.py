@@ -30,6 +30,7 @@ from aviatorc.ir import Graph, print_graph
 from aviatorc.ir.interpreter import check_feeds
 from aviatorc.options import CompileOptions
 from aviatorc.progress import fan_out, stage
+from aviatorc.workload import check_model_bounds, check_plan_bounds, estimate_plan
 
 REPORT_VERSION = 1
 _logger = logging.getLogger("aviatorc.compile")
@@ -204,6 +205,7 @@ def compile(  # noqa: A001 - the public verb is `aviatorc.compile`
     with stage(_logger, f"importing {_describe(source)}", echo=echo) as task:
         graph = import_model(source, example_inputs)
         task.finish(f"{len(graph.nodes)} nodes, {len(graph.initializers)} initializers")
+    check_model_bounds(graph, context=opts.context, prompt=opts.prompt, decoder=False)  # before the passes' time
     timings: dict[str, Any] = {"import_s": round(time.perf_counter() - started, 3)}
     batches, held_out, split = evaluation_split(check_calibration(graph, calibration),
                                                 check_calibration(graph, evaluation, what="evaluation"))
@@ -253,8 +255,13 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
     workload = Workload(opts.batch, opts.context, opts.prompt)
     allowed = list(parse_chiplets(opts.chiplets, target.num_chiplets) or range(target.num_chiplets))
     tiles = make_problem(weights, target, chiplets=allowed).tiles
-    memory = plan_memory(model_facts(graph, tiles), tiles, target, workload, chiplets=allowed, kv=opts.kv_cache,
-                         kv_dtype=opts.kv_dtype)
+    facts = model_facts(graph, tiles)
+    check_model_bounds(graph, context=opts.context, prompt=opts.prompt, decoder=any(facts.kv_width.values()))
+    memory = plan_memory(facts, tiles, target, workload, chiplets=allowed, kv=opts.kv_cache, kv_dtype=opts.kv_dtype)
+    estimate = estimate_plan(memory, report.data["weights"]["total_bytes"])
+    _logger.info(f"KV cache {estimate.kv_bytes:,} bytes in {estimate.kv_location}; the plan streams it in about "
+                 f"{estimate.instructions:,} instructions per decode step")
+    check_plan_bounds(estimate, target, batch=opts.batch, context=opts.context)  # before anything is built
     with stage(_logger, f"partitioning onto {target.name} ({len(allowed)} chiplets)", echo=echo) as task:
         placement = partition(weights, target, time_limit_s=time_limit_s, seed=opts.seed,
                               reserve_bytes=memory.reserve_bytes, chiplets=allowed, solver=opts.solver)

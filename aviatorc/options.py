@@ -82,11 +82,9 @@ class CompileOptions:
                               hint=f"choose one of {', '.join(SPARSITY_METHODS)}")
         if self.activations is not None and self.activations not in ACTIVATION_METHODS:
             raise OptionError(f"unknown activation calibration '{self.activations}'", hint="choose minmax or percentile")
-        for name in ("batch", "prompt"):
+        for name in ("batch", "context", "prompt"):  # a plan for no sequence or no token is no plan
             if getattr(self, name) < 1:
                 raise OptionError(f"{name} (--{name}) must be at least 1, got {getattr(self, name)}")
-        if self.context < 0:
-            raise OptionError(f"context (--context) must be 0 or more, got {self.context}")
         if self.kv_cache not in KV_CACHE_CHOICES:
             raise OptionError(f"unknown KV cache placement '{self.kv_cache}'",
                               hint=f"choose one of {', '.join(KV_CACHE_CHOICES)}")
