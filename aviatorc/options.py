@@ -38,9 +38,9 @@ class CompileOptions:
     # output channel for int8 (group-wise int8 only when asked for: `group_size=128`); 0 asks for
     # per-channel int8 explicitly. `weight_group_size` is what the weights get.
     group_size: int | None = None
-    # int4 zero points. None: the default, asymmetric when calibration data is given, symmetric without
-    # (`int4_symmetric` in passes/quantize.py, with the figures behind it: held out on all-MiniLM-L6-v2
-    # INT4 g32 GPTQ, tools/bench_defaults.py, mean cosine 0.99336 asymmetric against 0.99191 symmetric).
+    # int4 zero points. None: the default, asymmetric with 4-bit zero points when calibration data is
+    # given, asymmetric with an fp16 offset per group without (`int4_zero` in passes/quantize.py, with
+    # the figures behind it: tools/bench_defaults.py and tools/bench_int4_default.py).
     symmetric: bool | None = None
     sparsity: str | None = None
     sparsity_method: str = "magnitude"  # "wanda" / "sparsegpt" need calibration data
