@@ -224,16 +224,29 @@ def _parser() -> argparse.ArgumentParser:
     prompt.add_argument("--prompt-ids", metavar="IDS", help="comma-separated token ids, like 1,2,3")
     prompt.add_argument("--prompt", metavar="TEXT", help="prompt text (needs --tokenizer)")
     p.add_argument("--tokenizer", metavar="DIR", help="a folder with a Hugging Face tokenizer (tokenizer.json), "
-                   "or a .gguf file")
+                   "or a .gguf file (default: the GGUF file the artifact was compiled from)")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, help="sampling seed")
     p.add_argument("--eos-token-id", type=int, action="append", help="stop after this id (repeatable; default: "
-                   "the tokenizer's end-of-sequence id)")
+                   "the model's end-of-sequence ids, else the tokenizer's; -1: never stop early)")
     p.add_argument("--device", choices=("sim", "cuda"), default="sim")
-    _add_verbosity(p)
+    _add_verbosity(p, quiet="print nothing but the generated text or ids (no timing)")
     p.set_defaults(handler=cmd_generate)
+
+    p = sub.add_parser("chat", help="chat with a compiled decoder in the terminal (the tokenizer's chat template)",
+                       formatter_class=_ShowDefaults)
+    p.add_argument("artifact", help="an artifact directory written by `aviatorc compile`")
+    p.add_argument("--tokenizer", metavar="DIR", help="a Hugging Face tokenizer folder or a .gguf file (default: the "
+                   "GGUF file the artifact was compiled from)")
+    p.add_argument("--system", metavar="TEXT", help="a system message before the conversation")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="the longest reply, in tokens")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, help="sampling seed")
+    p.add_argument("--device", choices=("sim", "cuda"), default="sim")
+    p.set_defaults(handler=cmd_chat)
 
     p = sub.add_parser("serve", help="serve compiled decoders over the OpenAI API (completions, chat, SSE)",
                        formatter_class=_ShowDefaults)
@@ -484,13 +497,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from aviatorc.errors import OptionError
     from aviatorc.runtime import Session
 
-    tokenizer: Any = None
-    if args.tokenizer:
-        from aviatorc.runtime.text import load_tokenizer
-
-        tokenizer = load_tokenizer(args.tokenizer)
-    if args.prompt is not None and tokenizer is None:
-        raise OptionError("--prompt TEXT needs --tokenizer DIR", hint="or give token ids with --prompt-ids 1,2,3")
+    session = Session(args.artifact, device=args.device)
+    tokenizer = _tokenizer(args.tokenizer, session, needed=args.prompt is not None,
+                           why="--prompt TEXT needs a tokenizer", hint="give --tokenizer DIR, or token ids with "
+                           "--prompt-ids 1,2,3")
     if args.prompt_ids is not None:
         try:
             ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
@@ -499,17 +509,96 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         ids = tokenizer.encode(args.prompt)
     eos = args.eos_token_id
-    if eos is None and tokenizer is not None and tokenizer.eos_token_id is not None:
+    if eos is None and not session.eos_token_ids and tokenizer is not None and tokenizer.eos_token_id is not None:
         eos = [tokenizer.eos_token_id]
-    session = Session(args.artifact, device=args.device)
     tokens = session.generate(ids, args.max_new_tokens, eos_token_id=eos, temperature=args.temperature,
                               top_p=args.top_p, seed=args.seed)
     new = [int(t) for t in tokens[len(ids):]]
     if tokenizer is not None:
-        print(tokenizer.decode(new))
+        print(tokenizer.decode(new, skip_special_tokens=True))
     else:
         print(",".join(str(t) for t in new))
+    if not args.quiet and session.stats is not None:
+        print(timing_line(session, len(new)), file=sys.stderr)
     return 0
+
+
+def timing_line(session: Any, new_tokens: int) -> str:
+    """What this generate took on this machine beside what the plan predicts for its target, labelled
+    so neither is taken for the other."""
+    from aviatorc.compiler import seconds
+
+    extra = session.stats.extra
+    prediction = session.artifact.plan.get("prediction", {})
+    decode_steps = max(new_tokens - 1, 0)
+    measured_rate = f"{decode_steps / extra['decode_s']:,.1f} tokens/s" if decode_steps and extra["decode_s"] > 0 else "-"
+    predicted = (f"predicted for {session.target.name}: time to first token {seconds(prediction['ttft_s'])}, "
+                 f"decode {prediction['tokens_per_s']:,.1f} tokens/s" if prediction else "no prediction in the plan")
+    return (f"timing: measured here ({session.device} device on this machine's CPU): time to first token "
+            f"{seconds(extra['ttft_s'])}, decode {measured_rate} over {decode_steps} step(s) | {predicted}")
+
+
+def _tokenizer(given: str | None, session: Any, *, needed: bool, why: str, hint: str) -> Any:
+    """The tokenizer `--tokenizer` names, else the one of the artifact's source (a GGUF file), else
+    None; an OptionError when `needed` and there is none."""
+    from aviatorc.errors import OptionError
+    from aviatorc.runtime.text import load_tokenizer, source_tokenizer
+
+    path = given or source_tokenizer(session.graph)
+    if path is None:
+        if needed:
+            raise OptionError(why, hint=hint)
+        return None
+    return load_tokenizer(path)
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    """Read a message per line (stdin), answer each with the model, keep the conversation. Older turns
+    are dropped when the conversation outgrows the plan's context."""
+    from aviatorc.errors import OptionError
+    from aviatorc.runtime import Session
+
+    session = Session(args.artifact, device=args.device)
+    tokenizer = _tokenizer(args.tokenizer, session, needed=True, why="chat needs a tokenizer with a chat template",
+                           hint="give --tokenizer DIR (a folder with tokenizer.json) or a .gguf file")
+    if not getattr(tokenizer, "chat_template", None):
+        raise OptionError("the tokenizer has no chat template, so chat cannot format a conversation",
+                          hint="use `aviatorc generate --prompt TEXT` for plain text")
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    turns: list[dict[str, str]] = []
+    terminal = sys.stdin.isatty()
+    while True:
+        if terminal:
+            print("> ", end="", flush=True)
+        line = sys.stdin.readline()
+        if not line or line.strip() in ("/exit", "/quit"):
+            return 0
+        if not line.strip():
+            continue
+        turns.append({"role": "user", "content": line.rstrip("\n")})
+        while True:
+            ids = tokenizer.apply_chat_template(system + turns, add_generation_prompt=True, tokenize=True)
+            ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+            if len(ids) + 1 <= session.context or len(turns) <= 1:
+                break
+            turns = turns[2:]  # the oldest exchange goes
+        room = session.context - len(ids)
+        if room < 1:
+            raise OptionError(f"the message takes {len(ids)} tokens but the plan holds {session.context}",
+                              hint="compile with a larger --context")
+        tokens = session.generate(ids, min(args.max_new_tokens, room), temperature=args.temperature, top_p=args.top_p,
+                                  seed=args.seed, eos_token_id=_chat_stops(session, tokenizer))
+        reply = tokenizer.decode([int(t) for t in tokens[len(ids):]], skip_special_tokens=True).strip()
+        print(reply, flush=True)
+        turns.append({"role": "assistant", "content": reply})
+
+
+def _chat_stops(session: Any, tokenizer: Any) -> list[int]:
+    """A reply ends at the model's end-of-sequence ids and the tokenizer's (a chat template's end of turn)."""
+    stops = set(session.eos_token_ids)
+    if tokenizer.eos_token_id is not None:
+        stops.add(int(tokenizer.eos_token_id))
+    return sorted(stops)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

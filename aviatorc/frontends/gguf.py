@@ -47,7 +47,13 @@ def load_gguf_model(path: str | Path) -> Any:
 def import_gguf(path: str | Path, **options: Any) -> Graph:
     from aviatorc.frontends.torch.decoder import import_decoder
 
-    return import_decoder(load_gguf_model(path), name=Path(path).stem, **options)
+    graph = import_decoder(load_gguf_model(path), name=Path(path).stem, **options)
+    # Where generate, chat and serve find the tokenizer (and its chat template) by default.
+    graph.metadata[TOKENIZER_KEY] = str(Path(path).resolve())
+    return graph
+
+
+TOKENIZER_KEY = "tokenizer"  # graph metadata: the file holding the model's tokenizer
 
 
 def load_gguf_tokenizer(path: str | Path) -> Any:

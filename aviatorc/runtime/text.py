@@ -2,6 +2,7 @@
 
     tokenizer = load_tokenizer("path/to/model")   # tokenizer.json (+ tokenizer_config.json)
     tokenizer = load_tokenizer("model.gguf")      # the tokenizer inside a GGUF file
+    source_tokenizer(session.graph)                # a model compiled from a GGUF: that file
     ids = tokenizer.encode("Hello"); text = tokenizer.decode(ids)
 
 Read with `transformers.AutoTokenizer` from local files only (nothing is downloaded, no code
@@ -14,6 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from aviatorc.errors import OptionError
+
+
+def source_tokenizer(graph: Any) -> str | None:
+    """The file holding the tokenizer of a compiled model's source (a GGUF file carries its own),
+    from the graph's metadata; None when the source had none or it is no longer there."""
+    path = graph.metadata.get("tokenizer")
+    return path if path and Path(path).is_file() else None
 
 
 def load_tokenizer(folder: str | Path) -> Any:
