@@ -143,6 +143,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="artifact directory to write")
     p.add_argument("--target", help="a shipped target name (see `aviatorc target list`) or a TOML file (default: corsair)")
     p.add_argument("--cards", type=int, help="build an N-card server from the target's card description")
+    _add_set(p)
     p.add_argument("--chiplets", metavar="IDS",
                    help="confine the placement to these chiplets, like '0-7,12' (models sharing a server)")
     p.add_argument("--quant", choices=QUANT_CHOICES, help="weight quantization")
@@ -285,6 +286,7 @@ def _parser() -> argparse.ArgumentParser:
     t = tsub.add_parser("show", help="show a target description")
     t.add_argument("name", help="a shipped target name or a TOML file")
     t.add_argument("--cards", type=int)
+    _add_set(t)
     t.add_argument("--resolved", action="store_true", help="echo the fully resolved description")
     t.set_defaults(handler=cmd_target_show)
     _name_own_parsers(parser)
@@ -299,6 +301,32 @@ def _name_own_parsers(parser: argparse.ArgumentParser) -> None:
         if isinstance(action, argparse._SubParsersAction):
             for child in action.choices.values():
                 _name_own_parsers(child)
+
+
+def _add_set(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="override a figure of the target description, like runtime.per_layer_latency_s=0 or "
+                        "card.lpddr_bytes_per_s=1e12 (repeatable; VALUE is read as TOML: numbers, strings, lists)")
+
+
+def target_overrides(pairs: Sequence[str]) -> dict[str, Any]:
+    """`--set KEY=VALUE` pairs as `load_target` overrides; each VALUE read as a TOML value, a bare
+    word as a string."""
+    import tomllib
+
+    from aviatorc.errors import OptionError
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, equals, text = pair.partition("=")
+        if not equals or not key.strip():
+            raise OptionError(f"--set '{pair}' is not KEY=VALUE", hint="like --set runtime.per_layer_latency_s=0")
+        try:
+            value = tomllib.loads(f"v = {text.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text.strip()
+        out[key.strip()] = value
+    return out
 
 
 def _add_verbosity(p: argparse.ArgumentParser, *, quiet: str = "print nothing but the result, warnings and errors "
@@ -372,8 +400,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
     evaluation = load_calibration_npz(args.eval, what="evaluation") if args.eval else None
     # Neither flag: the default (int4 asymmetric with --calibration, symmetric without).
     symmetric = True if args.symmetric else False if args.asymmetric else None
+    target: Any = args.target
+    if args.overrides:  # the target is built here, so its errors name the --set that caused them
+        from aviatorc.target import DEFAULT_TARGET, load_target
+
+        target = load_target(args.target or DEFAULT_TARGET, cards=args.cards, overrides=target_overrides(args.overrides))
     options: dict[str, Any] = {
-        "target": args.target, "cards": args.cards, "quant": args.quant, "group_size": args.group_size,
+        "target": target, "cards": None if args.overrides else args.cards, "quant": args.quant, "group_size": args.group_size,
         "symmetric": symmetric, "quant_method": args.quant_method, "sparsity": args.sparsity,
         "sparsity_method": args.sparsity_method, "keep_fp16": tuple(args.keep_fp16),
         "activations": args.activations, "fuse_qkv": not args.no_fuse_qkv,
@@ -654,7 +687,7 @@ def cmd_target_list(args: argparse.Namespace) -> int:
 def cmd_target_show(args: argparse.Namespace) -> int:
     from aviatorc.target import cli_show
 
-    print(cli_show(args.name, cards=args.cards, resolved=args.resolved))
+    print(cli_show(args.name, cards=args.cards, resolved=args.resolved, overrides=target_overrides(args.overrides)))
     return 0
 
 

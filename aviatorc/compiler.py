@@ -295,6 +295,8 @@ def make_options(options: dict[str, Any]) -> CompileOptions:
 
 
 def _load_target(opts: CompileOptions) -> Any:
+    """The target `opts.target` names (a shipped name, a TOML path, or a `Target` a pipeline built,
+    for instance with `load_target(..., overrides=...)`), with --cards applied."""
     from aviatorc.target import DEFAULT_TARGET, load_target
 
     return load_target(opts.target or DEFAULT_TARGET, cards=opts.cards)
@@ -412,9 +414,13 @@ def _describe(source: Any) -> str:
 
 
 def _options_dict(opts: CompileOptions) -> dict[str, Any]:
+    from aviatorc.target import Target
+
     out = {}
     for key, value in vars(opts).items():
         if key == "extra":
             continue
+        if isinstance(value, Target):  # a pipeline's own target: its name (target.toml holds every figure)
+            value = value.name
         out[key] = list(value) if isinstance(value, tuple) else value
     return out

@@ -10,9 +10,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from aviatorc.errors import OptionError
 from aviatorc.formats import GROUP_SIZES
+
+if TYPE_CHECKING:  # the target package imports this module (check_cards)
+    from aviatorc.target.spec import Target
 
 QUANT_CHOICES = ("int8", "int4", "mxint8", "mxint4", "fp16", "bf16")
 SPARSITY_CHOICES = ("2:4",)
@@ -31,7 +35,7 @@ DEFAULT_GROUP_SIZE = 32  # int4 and MX when group_size is None; int8 stays per o
 class CompileOptions:
     """Everything that shapes a compile, except the model and the calibration data."""
 
-    target: str | None = None  # a shipped target name or a path to a TOML file
+    target: str | Target | None = None  # a shipped target name, a path to a TOML file, or a Target
     cards: int | None = None
     quant: str | None = None
     # Rows along K sharing one scale (32/64/128). None: the format's default, 32 for int4 and MX, per

@@ -23,8 +23,9 @@ from aviatorc.options import check_cards
 from aviatorc.target.spec import LINK_LEVELS, SCHEMA_VERSION, ChipletSpec, LinkLevel, Target
 
 # The schema: table -> key -> kind. Kinds: "int", "float" (ints accepted), "str", "strlist",
-# "fraction" (a float in [0, 1)). Every number must be positive unless it is a fraction.
-_LINK = {"bytes_per_s": "float", "latency_s": "float"}
+# "fraction" (a float in [0, 1)), "seconds" (a latency: 0 or more, so "what if it took no time"
+# is a question a description can ask). Every other number must be positive.
+_LINK = {"bytes_per_s": "float", "latency_s": "seconds"}
 SCHEMA: dict[str, Any] = {
     "schema_version": "int",
     "name": "str",
@@ -45,7 +46,7 @@ SCHEMA: dict[str, Any] = {
     "matrix_unit": {"k": "int", "n": "int"},
     "weights": {"formats": "strlist"},
     "runtime": {
-        "per_layer_latency_s": "float",
+        "per_layer_latency_s": "seconds",
         "activation_reserve_fraction": "fraction",
         "activation_bytes_per_element": "int",
     },
@@ -62,12 +63,18 @@ def list_targets() -> list[str]:
     return sorted(p.stem for p in shipped_dir().glob("*.toml"))
 
 
-def load_target(name_or_path: str | Path, *, cards: int | None = None, overrides: dict[str, Any] | None = None) -> Target:
-    """A checked `Target` from a shipped name or a TOML path, with `--cards` and overrides applied."""
+def load_target(name_or_path: str | Path | Target, *, cards: int | None = None,
+                overrides: dict[str, Any] | None = None) -> Target:
+    """A checked `Target` from a shipped name, a TOML path or a `Target` (a pipeline's own, with
+    overrides of its own), with `--cards` and overrides applied."""
     check_cards(cards)  # the option is the user's, not the description file's: no TOML path in the error
-    path = _locate(name_or_path)
-    data = _read_merged(path, seen=())
-    source = str(path)
+    if isinstance(name_or_path, Target):
+        if cards is None and not overrides:
+            return name_or_path
+        data, source = name_or_path.resolved(), name_or_path.source
+    else:
+        path = _locate(name_or_path)
+        data, source = _read_merged(path, seen=()), str(path)
     base_cards = data.get("server", {}).get("cards")
     if cards is not None:
         data.setdefault("server", {})["cards"] = cards
@@ -210,6 +217,9 @@ def _check_value(value: Any, kind: str, dotted: str, file: str) -> None:
     elif kind == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise bad("must be a positive number")
+    elif kind == "seconds":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise bad("must be a number of seconds, 0 or more")
     elif kind == "fraction":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
             raise bad("must be a fraction in [0, 1)")
