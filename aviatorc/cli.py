@@ -187,9 +187,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("artifact", help="an artifact directory written by `aviatorc compile`")
     p.add_argument("-o", "--output", metavar="FILE", help="write the report here (default: print it; an HTML "
                    "report needs a file)")
-    p.add_argument("--format", choices=("html", "json", "text"), help="html: one self-contained page (placement, SRAM "
-                   "over time, timeline, accuracy, latency against the bound); json: the same data for machines; "
-                   "text: a terminal summary (default: html with -o, text without)")
+    p.add_argument("--format", choices=("html", "json", "data", "text"), help="html: one self-contained page "
+                   "(placement, SRAM over time, timeline, accuracy, latency against the bound); json: what the compile "
+                   "measured, the artifact's report.json; data: everything the page draws, as JSON; text: a terminal "
+                   "summary (default: html with -o, text without)")
     p.set_defaults(handler=cmd_report)
 
     p = sub.add_parser("export", help="write a compiled artifact as a standard ONNX file with its exact quantized "
@@ -456,7 +457,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 0
     if fmt == "html":
         text = render_html(data)
-    elif fmt == "json":
+    elif fmt == "json":  # the artifact's own report.json, byte for byte: one shape, whichever way it is read
+        text = (artifact.path / "report.json").read_text(encoding="utf-8")
+    elif fmt == "data":
         text = json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n"
     else:
         import io

@@ -97,14 +97,21 @@ def seconds(value: float) -> str:
 def plan_summary(plan: Mapping[str, Any]) -> list[str]:
     """The predicted figures, each next to its physical bound, and under them what the
     prediction leaves out (the scheduler's notes: uncharged transfers among them)."""
+    from aviatorc.report.data import binding_term, binding_text
+
     p, memory = plan["prediction"], plan["memory"]
     bound = p["bound"]
+
+    def largest(figure: str) -> str:  # the bound's largest term, whichever terms the bound keeps
+        text = binding_text(binding_term(bound, figure))
+        return f", {text}" if text else ""
+
     notes = [f"  (prediction: {note})" for note in plan.get("notes", [])]
     return [
         f"predicted decode: {seconds(p['time_per_token_s'])} per step, {p['tokens_per_s']:,.1f} tokens/s; "
-        f"bound {seconds(bound['token_s'])}, efficiency {p['efficiency']:.3f}",
-        f"predicted time to first token: {seconds(p['ttft_s'])} (bound {seconds(bound['ttft_s'])}); "
-        f"cold start to first token {seconds(p['cold_start_s'])} (bound {seconds(bound['cold_s'])}; "
+        f"bound {seconds(bound['token_s'])}{largest('token_s')}; efficiency {p['efficiency']:.3f}",
+        f"predicted time to first token: {seconds(p['ttft_s'])} (bound {seconds(bound['ttft_s'])}{largest('ttft_s')}); "
+        f"cold start to first token {seconds(p['cold_start_s'])} (bound {seconds(bound['cold_s'])}{largest('cold_s')}; "
         f"{seconds(p['cold_start_naive_order_s'])} loading in name order)",
         *notes,
         f"SRAM: KV cache {memory['kv_bytes']:,} bytes in {memory['kv_location']} ({memory['kv_dtype']}), "

@@ -163,7 +163,7 @@ def report(rows: list[dict[str, Any]], claims: list[dict[str, Any]], compile_s: 
     lines = ["## Plans against the physical bound (`tools/bench_plan.py`)", "",
              f"Shape-only configs, INT4 (g32) weights, FP16 embeddings, context {CONTEXT}, prompt {PROMPT}, "
              "`corsair` (LPDDR 0.5 TB/s per card assumed). Time per token is the simulated decode step "
-             "(`aviatorc.schedule.simulate`); the bound is computed apart from it (DESIGN.md); "
+             "(`aviatorc.schedule.simulate`); the bound is computed apart from it (`aviatorc.schedule.bound`); "
              "efficiency = bound / simulated.", "",
              "| model | cards | batch | prefetch | ms/token | bound ms | efficiency | tokens/s | LPDDR busy | KV in | "
              "TTFT ms | TTFT bound ms |",

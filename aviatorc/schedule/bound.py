@@ -1,4 +1,4 @@
-"""The physical bound a plan is measured against (DESIGN.md, "The physical bound").
+"""The physical bound a plan is measured against (see this module: what it counts and what it leaves out).
 
 Computed from the weights, the KV cache size and the target alone: nothing here reads a
 program, a placement or the simulator. Per decode step, with W weight bytes read, KV cache
