@@ -164,6 +164,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="keep weights whose name matches this fnmatch pattern in FP16 (repeatable)")
     p.add_argument("--activations", choices=ACTIVATION_METHODS, help="W8A8: calibrate activation ranges")
     p.add_argument("--calibration", metavar="FILE.npz", help="calibration batches: one array per input, batches on axis 0")
+    p.add_argument("--calibration-text", metavar="FILE.txt", help="calibrate a decoder on plain text (a few hundred "
+                   "tokens or more), tokenized with the model's own tokenizer (a GGUF source's, or --tokenizer); the "
+                   "last quarter is held out to measure accuracy")
+    p.add_argument("--tokenizer", metavar="DIR", help="the tokenizer for --calibration-text: a Hugging Face tokenizer "
+                   "folder or a .gguf file (default: the GGUF source's own)")
     p.add_argument("--eval", metavar="FILE.npz", help="batches to measure accuracy on, as --calibration (default: the "
                    "last quarter of the calibration batches, held out of calibration)")
     p.add_argument("--no-fuse-qkv", action="store_true", help="leave q/k/v projections separate")
@@ -420,7 +425,16 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     check_output_path(args.output)  # before the compile spends its time
     start = time.perf_counter()
-    result = compile_model(_model_path(args.model), calibration=calibration, evaluation=evaluation, **options)
+    text = None
+    if args.calibration_text:
+        try:
+            text = Path(args.calibration_text).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            from aviatorc.errors import OptionError
+
+            raise OptionError(f"cannot read the calibration text: {error}", file=args.calibration_text) from None
+    result = compile_model(_model_path(args.model), calibration=calibration, evaluation=evaluation,
+                           calibration_text=text, tokenizer=args.tokenizer, **options)
     out = result.save(args.output)
     if not args.quiet:
         console.print(result.report.summary())

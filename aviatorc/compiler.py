@@ -169,6 +169,8 @@ def compile(  # noqa: A001 - the public verb is `aviatorc.compile`
     *,
     calibration: Iterable[Mapping[str, Any]] | None = None,
     evaluation: Iterable[Mapping[str, Any]] | None = None,
+    calibration_text: str | None = None,
+    tokenizer: str | os.PathLike[str] | None = None,
     log: Callable[[str], None] | None = None,
     **options: Any,
 ) -> CompileResult:
@@ -181,6 +183,10 @@ def compile(  # noqa: A001 - the public verb is `aviatorc.compile`
     Progress is logged with `logging` (loggers under "aviatorc"; records of long stages carry
     `aviatorc.progress.Progress`); nothing is configured here. `log`, when given, is also handed
     each line, and the IR that print_ir_after_change prints (to stdout without `log`).
+
+    `calibration_text` (plain text) calibrates a decoder instead of `calibration` batches: it is
+    tokenized with the model's own tokenizer (a GGUF source's, or `tokenizer`: a folder or .gguf
+    file) and cut into prompts (`aviatorc.runtime.text.text_batches`).
 
     Accuracy is measured on `evaluation` (feed dicts, as `calibration`) when given; otherwise on
     the last quarter of the calibration batches, which calibration then does not see
@@ -213,6 +219,10 @@ def compile(  # noqa: A001 - the public verb is `aviatorc.compile`
         graph = import_model(source, example_inputs)
         task.finish(f"{len(graph.nodes)} nodes, {len(graph.initializers)} initializers")
     check_model_bounds(graph, context=opts.context, prompt=opts.prompt, decoder=False)  # before the passes' time
+    if calibration_text is not None:
+        if calibration is not None:
+            raise OptionError("give calibration batches or calibration text, not both")
+        calibration = _text_calibration(graph, calibration_text, tokenizer)
     timings: dict[str, Any] = {"import_s": round(time.perf_counter() - started, 3)}
     batches, held_out, split = evaluation_split(check_calibration(graph, calibration),
                                                 check_calibration(graph, evaluation, what="evaluation"))
@@ -285,6 +295,17 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
     report.data["plan"] = {"memory": plan.memory, "prediction": plan.prediction, "notes": plan.notes,
                            "instructions": {phase: p.count() for phase, p in sorted(plan.programs.items())}}
     return placement, plan
+
+
+def _text_calibration(graph: Graph, text: str, tokenizer: Any) -> list[dict[str, np.ndarray]]:
+    from aviatorc.runtime.text import load_tokenizer, source_tokenizer, text_batches
+
+    path = tokenizer or source_tokenizer(graph)
+    if path is None:
+        raise OptionError("calibration text needs the model's tokenizer, and this model's source carries none",
+                          hint="pass its tokenizer (--tokenizer DIR or a .gguf file), or calibration batches "
+                               "(--calibration FILE.npz)")
+    return text_batches(graph, text, load_tokenizer(path))
 
 
 def make_options(options: dict[str, Any]) -> CompileOptions:
