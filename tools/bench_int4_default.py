@@ -71,11 +71,12 @@ def measure() -> dict[str, Any]:
             session = aviatorc.Session(art.save(Path(tmp) / "smol.avc"))
             greedy = [[int(t) for t in session.generate(tok.encode(p), NEW_TOKENS, eos_token_id=())[len(tok.encode(p)):]]
                       for p in PROMPTS]
-            session.prefill(0, eval_ids[:1])
-            logits = session.extend(0, eval_ids[1:])  # [n - 1, vocab]: the prediction after each token
+            first = session.prefill(0, eval_ids[:1])  # the prediction of token 1
+            rest = session.extend(0, eval_ids[1:-1])  # the predictions of tokens 2 .. n - 1
             session.free(0)
+            logits = np.vstack([first[None, :], rest])
         rows.append({"plan": label, "format": fmt, "greedy": greedy, "text": [tok.decode(g) for g in greedy],
-                     "ppl": perplexity(np.vstack([np.zeros((0, logits.shape[1])), logits]), eval_ids),
+                     "ppl": perplexity(logits, eval_ids),
                      "weight_bytes": art.report.data["weights"]["total_bytes"], "compile_s": compile_s,
                      "calibration_tokens": len(tok.encode(cal_text)) if text else 0, "seconds": time.time() - start})
         print(f"  {label:<40} ppl {rows[-1]['ppl']:.3f}  {rows[-1]['text']}  ({rows[-1]['seconds']:.0f} s)", flush=True)
