@@ -263,7 +263,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="port to listen on, 8000 by default (0: a free one, printed "
                    "when ready)")
     p.add_argument("--tokenizer", action="append", metavar="DIR", help="a Hugging Face tokenizer folder or a .gguf "
-                   "file: once for every artifact, or once per artifact in order (default: token ids only)")
+                   "file: once for every artifact, or once per artifact in order (default: the GGUF file an artifact "
+                   "was compiled from, else token ids only)")
     p.add_argument("--served-model-name", action="append", metavar="NAME",
                    help="the model's name in the API, once per artifact (default: the artifact folder's name)")
     p.add_argument("--max-num-seqs", type=int, metavar="K", help="sequences decoded together (default: the plan's KV slots, "
