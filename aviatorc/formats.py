@@ -60,7 +60,7 @@ class WeightFormat:
             raise OptionError(f"unknown sparsity '{self.sparsity}'", hint="the only structured sparsity is '2:4'")
         if self.zero not in ZERO_KINDS or self.zero != "int" and (self.kind != "int4" or self.symmetric or self.sparsity):
             raise OptionError(f"zero '{self.zero}' is not a zero point of format '{self.kind}'"
-                              + (" (symmetric)" if self.symmetric else ""),
+                              + (" (symmetric)" if self.symmetric else "")
                               + (" (2:4 sparse: a pruned weight must read 0)" if self.sparsity else ""),
                               hint="an fp16 offset is dense asymmetric int4's alone; zero kinds: " + ", ".join(ZERO_KINDS))
 
