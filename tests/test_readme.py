@@ -72,7 +72,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_block(block: Block, folder: Path, env: dict[str, str]) -> str:
+def run_block(block: Block, folder: Path, env: dict[str, str], timeout_s: float = BLOCK_TIMEOUT_S) -> str:
     """Run one block in `folder`; its output, or an AssertionError naming the block."""
     code = block.code
     if "aviatorc serve" in code:
@@ -84,11 +84,11 @@ def run_block(block: Block, folder: Path, env: dict[str, str]) -> str:
     proc = subprocess.Popen(command, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
-        output, _ = proc.communicate(timeout=BLOCK_TIMEOUT_S)
+        output, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
-        raise AssertionError(f"{block.where()} ran past {BLOCK_TIMEOUT_S} s:\n{output[-3000:]}") from None
+        raise AssertionError(f"{block.where()} ran past {timeout_s} s:\n{output[-3000:]}") from None
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
