@@ -9,6 +9,8 @@ into the integer codes, scales and zero points they hold, unchanged:
   of a column,
   `DequantizeLinear(axis=0, block_size=g)` (opset 21). An MX block's shared exponent e is the
   scale 2^(e - 127), exactly representable in float32.
+- int4 with fp16 offsets (w = code * scale + offset): uint4 codes through `DequantizeLinear`
+  (zero point 0), then the offset of each block added (`offset_GN`, broadcast along its rows).
 - 2:4 sparse weights are exported dense-equivalent: the kept codes go back to their rows and
   the pruned ones become the zero point (0, or the group's zero point), so they dequantize to
   exactly 0. A group of g kept values spans 2g dense rows, so the block size doubles.
@@ -46,6 +48,7 @@ class WeightCodes:
     zero_GN: np.ndarray | None  # uint8 [blocks, n]: asymmetric int4 only
     block_size: int  # 0: per output channel
     onnx_type: str  # "int8", "int4" or "uint4": the element type of the codes
+    offset_GN: np.ndarray | None = None  # float32 [blocks, n]: int4 with fp16 offsets, added after the codes
 
     @property
     def signed(self) -> bool:
@@ -63,6 +66,7 @@ def weight_codes(fmt: WeightFormat, arrays: list[np.ndarray | None], k: int, n: 
     assert values is not None and scale is not None  # the IR's type rule checked the layout
     ks = stored_rows(fmt, k)
     zero_GN: np.ndarray | None = None
+    offset_GN: np.ndarray | None = None
     if fmt.kind == "int8" and not fmt.grouped:  # per output channel
         codes, scales, block, onnx_type = values.astype(np.int16), scale.astype(np.float32), 0, "int8"
     else:
@@ -77,7 +81,10 @@ def weight_codes(fmt: WeightFormat, arrays: list[np.ndarray | None], k: int, n: 
             scales = np.exp2(scale.astype(np.float32) - np.float32(127.0)).astype(np.float32)
         else:
             scales = scale.astype(np.float32)
-        if fmt.kind == "int4" and not fmt.symmetric:
+        if fmt.float_zero:
+            assert zero is not None
+            offset_GN = zero.astype(np.float32)
+        elif fmt.kind == "int4" and not fmt.symmetric:
             assert zero is not None
             zero_GN = unpack_bits_k(zero, 4, scale.shape[0])
         block = fmt.group_size
@@ -89,7 +96,7 @@ def weight_codes(fmt: WeightFormat, arrays: list[np.ndarray | None], k: int, n: 
         if zero_GN is not None:  # a pruned slot must read back as 0: the zero point of its group
             codes = np.where(kept, codes, np.repeat(zero_GN, 2 * block, axis=0)[:k].astype(np.int16))
         block *= 2  # g kept values span 2g dense rows
-    return WeightCodes(np.ascontiguousarray(codes, dtype=np.int16), scales, zero_GN, block, onnx_type)
+    return WeightCodes(np.ascontiguousarray(codes, dtype=np.int16), scales, zero_GN, block, onnx_type, offset_GN)
 
 
 def dense_values(fmt: WeightFormat, arrays: list[np.ndarray | None], k: int) -> np.ndarray:
@@ -115,6 +122,8 @@ def codes_array(codes: WeightCodes) -> np.ndarray:
 def matmul_nbits_ok(codes: WeightCodes) -> str | None:
     """Why MatMulNBits cannot hold these codes; None when it can."""
     block = codes.block_size
+    if codes.offset_GN is not None:
+        return "its fp16 offsets are not MatMulNBits zero points (those are subtracted before the scale)"
     if not block:
         return "per-channel int8 has no block along K, which MatMulNBits needs (compile with --group-size)"
     if block < 16 or block & (block - 1):

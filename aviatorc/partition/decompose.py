@@ -1,6 +1,6 @@
 """Layer by layer, with templates: how the partitioner scales to 70B-parameter models.
 
-A monolithic CP-SAT model of every tile on every chiplet does not scale (DESIGN.md:
+A monolithic CP-SAT model of every tile on every chiplet does not scale (measured:
 presolve alone ate the budget at 0.4M booleans). Instead layers are placed one at a time,
 each given the SRAM the layers before it left free:
 

@@ -153,6 +153,16 @@ def check_output_path(out: str | os.PathLike[str], *, directory: bool = True) ->
         raise OptionError(f"cannot write the output '{path}': '{parent}' is a file, not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OptionError(f"cannot write the output '{path}': '{parent}' is not writable")
+    # Permission bits do not tell everything (as root every folder looks writable, and /proc or
+    # /sys refuse files whatever the bits say): try a file there, as the write will.
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".aviatorc-probe-", dir=parent)
+    except OSError as error:
+        raise OptionError(f"cannot write the output '{path}': '{parent}' takes no new files ({error.strerror})",
+                          hint="choose a folder on a normal file system, such as one under your home or the "
+                               "current folder") from None
+    os.close(handle)
+    os.unlink(probe)
 
 
 def _check_name(name: str) -> None:

@@ -2,7 +2,7 @@
 
     data = report_data(ReportSources.from_artifact(aviatorc.load("build/model.avc")))
 
-Sections, each a key of the result (the HTML page, the terminal summary and `--format json` all
+Sections, each a key of the result (the HTML page, the terminal summary and `--format data` all
 read this one dict):
 - `placement`: one cell per (layer, chiplet) holding tiles: SRAM bytes resident there, tiles
   streamed through it, and the largest weights in it (the heatmap's hover text). Cells, not
@@ -300,13 +300,37 @@ PREDICTIONS = (  # (label, predicted key, bound key)
 def prediction_rows(prediction: Mapping[str, Any]) -> dict[str, Any]:
     bound = prediction.get("bound", {})
     rows = [{"what": label, "predicted_s": prediction[key], "bound_s": bound[bound_key],
-             "ratio": prediction[key] / bound[bound_key] if bound[bound_key] else None}
+             "ratio": prediction[key] / bound[bound_key] if bound[bound_key] else None,
+             "binding": binding_term(bound, bound_key)}
             for label, key, bound_key in PREDICTIONS if key in prediction and bound_key in bound]
     return {"rows": rows, "efficiency": prediction.get("efficiency"), "ttft_efficiency": prediction.get("ttft_efficiency"),
             "tokens_per_s": prediction.get("tokens_per_s"),
             "cold_start_naive_order_s": prediction.get("cold_start_naive_order_s"),
             "bound_terms": dict(bound.get("token_terms", {})), "ttft_bound_terms": dict(bound.get("ttft_terms", {})),
             "ranges": {key: {k: r[k] for k in ("nominal", "low", "high")} for key, r in prediction.get("ranges", {}).items()}}
+
+
+def binding_term(bound: Mapping[str, Any], figure: str) -> dict[str, Any] | None:
+    """The largest term of a bounded figure ("token_s" or "ttft_s": the bound's `token_terms` or
+    `ttft_terms`, whatever terms it holds), as {"term": "lpddr", "seconds": ..., "share": its share
+    of the figure's bound}; None when the bound keeps no terms for that figure (the cold start)."""
+    terms = bound.get(figure.removesuffix("_s") + "_terms")
+    if not isinstance(terms, Mapping) or not terms:
+        return None
+    term, value = max(sorted(terms.items()), key=lambda kv: kv[1])  # sorted first: ties name the same term every run
+    total = bound.get(figure)
+    return {"term": str(term), "seconds": float(value), "share": value / total if total else None}
+
+
+def binding_text(binding: Mapping[str, Any] | None) -> str:
+    """"set by lpddr (1.234 ms)", or "" without a term."""
+    return f"set by {binding['term']} ({seconds(binding['seconds'])})" if binding else ""
+
+
+def sweep_reason(entry: Mapping[str, Any]) -> str:
+    """Why a sweep point has no figures: "does not fit: <the reason the schedule gave>"."""
+    reason = entry.get("reason")
+    return f"does not fit: {reason}" if reason else "does not fit"
 
 
 def sweeps(entries: list[Mapping[str, Any]], workload: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:

@@ -1,4 +1,4 @@
-"""The physical bound a plan is measured against (DESIGN.md, "The physical bound").
+"""The physical bound a plan is measured against (see this module: what it counts and what it leaves out).
 
 Computed from the model's bytes, FLOPs and activation sizes (`BoundInputs`) and the target
 alone: nothing here reads a program, a placement or the simulator, so efficiency = bound /

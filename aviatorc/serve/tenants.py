@@ -52,7 +52,7 @@ class ServedModel:
 
 def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Registry) -> dict[str, ServedModel]:
     """Open every artifact (each must be able to generate), check that the tenants are isolated."""
-    from aviatorc.runtime.text import load_tokenizer
+    from aviatorc.runtime.text import load_tokenizer, source_tokenizer
     from aviatorc.serve.speculative import Speculator
 
     if not specs:
@@ -91,7 +91,9 @@ def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Regist
             drafts_chiplets = frozenset(draft.artifact.plan.chiplets)
         engine = Engine(session, max_num_seqs=options.max_num_seqs, policy=options.policy, max_queue=options.max_queue,
                         request_timeout_s=options.request_timeout_s, observer=metrics, speculator=speculator)
-        tokenizer = load_tokenizer(spec.tokenizer) if spec.tokenizer else None
+        # Given, else the artifact's source's own (a GGUF file carries its tokenizer and chat template).
+        source = spec.tokenizer or source_tokenizer(session.graph)
+        tokenizer = load_tokenizer(source) if source else None
         created = int(Path(spec.artifact).stat().st_mtime)
         models[name] = ServedModel(name, session, tokenizer, engine, metrics, chiplets, created)
         targets[name] = target

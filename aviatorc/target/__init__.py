@@ -49,10 +49,12 @@ def cli_list() -> str:
     return "\n".join(lines)
 
 
-def cli_show(name: str, cards: int | None = None, resolved: bool = False) -> str:
-    """The target's TOML: the file as written, or (`resolved`) every field after extends/--cards."""
-    target = load_target(name, cards=cards)
-    if not resolved and cards is None:
+def cli_show(name: str | Target, cards: int | None = None, resolved: bool = False,
+             overrides: dict[str, object] | None = None) -> str:
+    """The target's TOML: the file as written, or (`resolved`, or a `Target`, or with --cards or
+    overrides) every field after extends, --cards and the overrides."""
+    target = load_target(name, cards=cards, overrides=overrides)
+    if not resolved and cards is None and not overrides and not isinstance(name, Target):
         with open(target.source, encoding="utf-8") as handle:
             return f"# {target.source}\n" + handle.read()
     summary = target.summary()

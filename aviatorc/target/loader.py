@@ -84,12 +84,18 @@ def list_targets() -> list[str]:
     return sorted(p.stem for p in shipped_dir().glob("*.toml"))
 
 
-def load_target(name_or_path: str | Path, *, cards: int | None = None, overrides: dict[str, Any] | None = None) -> Target:
-    """A checked `Target` from a shipped name or a TOML path, with `--cards` and overrides applied."""
+def load_target(name_or_path: str | Path | Target, *, cards: int | None = None,
+                overrides: dict[str, Any] | None = None) -> Target:
+    """A checked `Target` from a shipped name, a TOML path or a `Target` (a pipeline's own, with
+    overrides of its own), with `--cards` and overrides applied."""
     check_cards(cards)  # the option is the user's, not the description file's: no TOML path in the error
-    path = _locate(name_or_path)
-    data = _read_merged(path, seen=())
-    source = str(path)
+    if isinstance(name_or_path, Target):
+        if cards is None and not overrides:
+            return name_or_path
+        data, source = name_or_path.resolved(), name_or_path.source
+    else:
+        path = _locate(name_or_path)
+        data, source = _read_merged(path, seen=()), str(path)
     base_cards = data.get("server", {}).get("cards")
     if cards is not None:
         data.setdefault("server", {})["cards"] = cards

@@ -128,9 +128,12 @@ def test_compile_writes_a_deterministic_self_contained_page(small_artifact, tmp_
 
 
 def test_cli_json_and_text(small_artifact, capsys):
-    assert main(["report", str(small_artifact.path), "--format", "json"]) == 0
+    assert main(["report", str(small_artifact.path), "--format", "data"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads(json.dumps(report_data(ReportSources.from_artifact(aviatorc.load(small_artifact.path)))))
+    # --format json is the artifact's report.json itself: one shape for the file and the command
+    assert main(["report", str(small_artifact.path), "--format", "json"]) == 0
+    assert capsys.readouterr().out == (small_artifact.path / "report.json").read_text()
     assert main(["report", str(small_artifact.path)]) == 0
     text = capsys.readouterr().out
     assert "predicted against the physical bound" in text and "held-out" in text
