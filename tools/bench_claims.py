@@ -30,7 +30,7 @@ import aviatorc
 from aviatorc.models import llama_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_plan import SEED_120B, describe_run, ms  # noqa: E402
+from bench_plan import SEED_120B, describe_run, ms, range_columns  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_claims.md"
 CONTEXT, PROMPT = 2048, 128
@@ -55,10 +55,7 @@ def predict(source: str, target: str, cards: int, batch: int, context: int = CON
                            "binding": p.bound.token_binding, "cold_s": p.cold_start_s,
                            "cold_naive_s": p.cold_start_naive_order_s, "cold_bound_s": p.bound.cold_s,
                            "compile_s": time.perf_counter() - started}
-    for key, name in (("time_per_token_s", "token"), ("cold_start_s", "cold")):
-        r = p.ranges.get(key)
-        if r is not None:
-            row |= {f"{name}_low_s": r.low, f"{name}_high_s": r.high, f"{name}_sensitive": r.most_sensitive}
+    row |= range_columns(p, {"time_per_token_s": "token", "cold_start_s": "cold"})
     print(json.dumps(row), flush=True)
     return row
 

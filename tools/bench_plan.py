@@ -81,11 +81,17 @@ def compile_case(config: Path, folder: Path, cards: int, batch: int, *, pooled: 
         "prefill_chunks": p.prefill.chunks, "kv_location": result.plan.memory.kv_location,
         "streamed_bytes": result.placement.streamed_bytes, "lpddr_busy": p.decode.lpddr_busy_fraction_max,
     }
-    for key, name in (("time_per_token_s", "token"), ("ttft_s", "ttft")):
-        r = p.ranges.get(key)
+    return row | range_columns(p, {"time_per_token_s": "token", "ttft_s": "ttft"})
+
+
+def range_columns(prediction: Any, figures: dict[str, str]) -> dict[str, Any]:
+    """Each figure's range as `<name>_low_s`, `<name>_high_s` and `<name>_sensitive` columns."""
+    out: dict[str, Any] = {}
+    for key, name in figures.items():
+        r = prediction.ranges.get(key)
         if r is not None:
-            row |= {f"{name}_low_s": r.low, f"{name}_high_s": r.high, f"{name}_sensitive": r.most_sensitive}
-    return row
+            out |= {f"{name}_low_s": r.low, f"{name}_high_s": r.high, f"{name}_sensitive": r.most_sensitive}
+    return out
 
 
 def compile_time(config: Path, folder: Path) -> tuple[float, int]:

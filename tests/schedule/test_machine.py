@@ -256,3 +256,27 @@ def test_predictions_come_with_the_range_their_assumptions_span(resident):
     assert token.most_sensitive == "runtime.per_layer_latency_s"  # resident: LPDDR bandwidth moves nothing
     assert token.sensitivity["card.lpddr_bytes_per_s"][0] == token.sensitivity["card.lpddr_bytes_per_s"][1]
     assert token.high == pytest.approx(token.nominal + 2 * (2e-6 - art.target.per_layer_latency_s), rel=1e-9)
+
+
+# -- homes beside the weights ---------------------------------------------------------------------
+
+
+def test_each_layers_home_and_kv_cache_sit_on_a_chiplet_computing_its_weights(tmp_path):
+    # Eight layers on two corsair cards: the caches were dealt round-robin before the weights were
+    # placed, so most layers had their home (and their hand-offs) away from their weights.
+    path = _config(tmp_path, num_hidden_layers=8, vocab_size=1024)
+    art = aviatorc.compile(str(path), target="corsair", cards=2, quant="int8", prompt=8, context=256,
+                           ranges=False, sweep=False)
+    plan = art.plan
+    assert plan.memory.kv_location == "sram"
+    computing: dict[int, set[int]] = {}
+    for tile in plan.tiles:
+        computing.setdefault(tile.layer, set()).add(tile.compute_chiplet)
+    homes = plan.memory.kv_layer_chiplets
+    assert len(homes) == 8
+    for layer, home in homes.items():
+        assert home in computing[layer], (layer, home, computing[layer])
+    # Each layer's cache buffer is where its attention runs.
+    decode = plan.programs["decode"]
+    for layer, home in homes.items():
+        assert decode.buffers[f"kv.{layer}"].chiplet == home
