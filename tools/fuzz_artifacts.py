@@ -220,11 +220,19 @@ def wrong_type(rng: random.Random, document: dict[str, Any]) -> str:
     return f"{key} = {json.dumps(document[key])}"
 
 
+# plan.json is schema 2 (docs/plan-format.md): a tile is a row of 9 integers [weight, k0, k1, n0,
+# n1, bytes, compute chiplet, resident chiplet or -1, channel or -1] beside a `weights` table;
+# buffers are rows [name, chiplet, bytes, kind, tile, layer] of the shared `tables`; a stream is a
+# flat list of integers. Edits of what a program means go through the typed plan and back.
+TILE_COMPUTE, TILE_CHIPLET = 6, 7
+
+
 def tile_field(rng: random.Random, plan: dict[str, Any]) -> str:
-    tile = rng.choice(plan["tiles"])
-    key = rng.choice(sorted(tile))
-    tile[key] = rng.choice([w for w in WRONG if type(w) is not type(tile[key])])
-    return f"tile {tile.get('id')} {key} = {json.dumps(tile[key])}"
+    index = rng.randrange(len(plan["tiles"]))
+    row = plan["tiles"][index]
+    at = rng.randrange(len(row))
+    row[at] = rng.choice([*WRONG, 1 << 62, -7, row[at] + 1 << 20])
+    return f"tiles[{index}][{at}] = {json.dumps(row[at])}"
 
 
 def _workload(key: str, values: list[int]) -> Callable[[random.Random, Any], str]:
@@ -243,9 +251,9 @@ def prompt_over_context(rng: random.Random, plan: dict[str, Any]) -> str:
 
 
 def unknown_format(rng: random.Random, plan: dict[str, Any]) -> str:
-    tile = rng.choice(plan["tiles"])
-    tile["format"]["format"] = rng.choice(["int3", "fp8", "", "INT8"])
-    return f"tile {tile['id']} format {tile['format']['format']!r}"
+    weight = rng.choice(plan["weights"])
+    weight["format"]["format"] = rng.choice(["int3", "fp8", "", "INT8"])
+    return f"weight {weight['name']} format {weight['format']['format']!r}"
 
 
 def chiplet_huge(rng: random.Random, plan: dict[str, Any]) -> str:
@@ -253,61 +261,99 @@ def chiplet_huge(rng: random.Random, plan: dict[str, Any]) -> str:
     if rng.random() < 0.5:
         plan["chiplets"][-1] = value
         return f"chiplets[-1] = {value}"
-    tile = rng.choice(plan["tiles"])
-    tile["compute_chiplet"] = value
-    return f"tile {tile['id']} compute_chiplet = {value}"
+    index = rng.randrange(len(plan["tiles"]))
+    plan["tiles"][index][rng.choice([TILE_COMPUTE, TILE_CHIPLET])] = value
+    return f"tiles[{index}] chiplet = {value}"
 
 
-def _program(edit: Callable[[random.Random, dict[str, Any]], str]) -> Callable[[random.Random, Any], str]:
-    def apply(rng: random.Random, plan: dict[str, Any]) -> str:
-        phase = rng.choice(sorted(plan["programs"]))
-        return f"{phase}: {edit(rng, plan['programs'][phase])}"
-    return apply
-
-
-def buffer_bytes(values: list[int]) -> Callable[[random.Random, dict[str, Any]], str]:
-    def edit(rng: random.Random, program: dict[str, Any]) -> str:
-        buffer = rng.choice(program["buffers"])
-        buffer[2] = rng.choice(values)
-        return f"buffer {buffer[0]} bytes = {buffer[2]}"
+def buffer_field(column: int, values: list[int]) -> Callable[[random.Random, dict[str, Any]], str]:
+    def edit(rng: random.Random, plan: dict[str, Any]) -> str:
+        index = rng.randrange(len(plan["tables"]["buffers"]))
+        plan["tables"]["buffers"][index][column] = rng.choice(values)
+        return f"buffers[{index}][{column}] = {plan['tables']['buffers'][index][column]}"
     return edit
 
 
-def buffer_chiplet(rng: random.Random, program: dict[str, Any]) -> str:
-    buffer = rng.choice(program["buffers"])
-    buffer[1] = rng.choice([10**12, -1, 1 << 40])
-    return f"buffer {buffer[0]} chiplet = {buffer[1]}"
+def _typed(edit: Callable[[random.Random, Any], str]) -> Callable[[random.Random, dict[str, Any]], str]:
+    """An edit of one program of the typed plan, written back as plan.json."""
+    def apply(rng: random.Random, document: dict[str, Any]) -> str:
+        from aviatorc.plan.plan import Plan
+
+        plan = Plan.from_dict(document)
+        phase = rng.choice(sorted(plan.programs))
+        detail = edit(rng, plan.programs[phase].streams)
+        document.clear()
+        document.update(plan.to_dict())
+        return f"{phase}: {detail}"
+    return apply
 
 
-def recv_without_send(rng: random.Random, program: dict[str, Any]) -> str:
-    sends = [(c, i) for c, items in program["streams"].items() for i, ins in enumerate(items) if ins[0] == "send"]
-    chiplet, index = rng.choice(sends)
-    removed = program["streams"][chiplet].pop(index)
-    return f"send {removed[1]} dropped from stream {chiplet}"
+def recv_without_send(rng: random.Random, streams: dict[int, list[Any]]) -> str:
+    """A send dropped, or (a program without transfers) a recv of a value no stream sends."""
+    from aviatorc.plan.ir import Recv, Send, ValueRef
+
+    sends = [(c, i) for c, items in streams.items() for i, ins in enumerate(items) if isinstance(ins, Send)]
+    if sends:
+        chiplet, index = rng.choice(sends)
+        return f"{streams[chiplet].pop(index)} dropped from stream {chiplet}"
+    chiplet = rng.choice(sorted(streams))
+    src = rng.choice(sorted(streams))
+    streams[chiplet].insert(rng.randrange(len(streams[chiplet]) + 1), Recv(ValueRef("fuzz.value"), src, 64))
+    return f"stream {chiplet} receives 'fuzz.value' from {src}, which never sends it"
 
 
-def dependency_cycle(rng: random.Random, program: dict[str, Any]) -> str:
+def dependency_cycle(rng: random.Random, streams: dict[int, list[Any]]) -> str:
     """Two streams that each wait first for an event the other signals last: a deadlock."""
-    a, b = rng.sample(sorted(program["streams"]), 2)
-    program["streams"][a][:0] = [["wait", "fuzz.b"]]
-    program["streams"][a].append(["signal", "fuzz.a"])
-    program["streams"][b][:0] = [["wait", "fuzz.a"]]
-    program["streams"][b].append(["signal", "fuzz.b"])
+    from aviatorc.plan.ir import Signal, Wait
+
+    a, b = rng.sample(sorted(streams), 2) if len(streams) > 1 else (min(streams), min(streams))
+    streams[a][:0] = [Wait("fuzz.b")]
+    streams[a].append(Signal("fuzz.a"))
+    streams[b][:0] = [Wait("fuzz.a")]
+    streams[b].append(Signal("fuzz.b"))
     return f"streams {a} and {b} wait on each other"
 
 
-def unknown_op(rng: random.Random, program: dict[str, Any]) -> str:
-    chiplet = rng.choice(sorted(program["streams"]))
-    program["streams"][chiplet].insert(0, [rng.choice(["jump", "halt", ""]), "x"])
-    return f"stream {chiplet} unknown op"
+def _stream(edit: Callable[[random.Random, list[Any]], str]) -> Callable[[random.Random, dict[str, Any]], str]:
+    def apply(rng: random.Random, plan: dict[str, Any]) -> str:
+        phase = rng.choice(sorted(plan["programs"]))
+        streams = plan["programs"][phase]["streams"]
+        chiplet = rng.choice(sorted(streams))
+        return f"{phase} stream {chiplet}: {edit(rng, streams[chiplet])}"
+    return apply
 
 
-def bad_operand(rng: random.Random, program: dict[str, Any]) -> str:
-    chiplet = rng.choice(sorted(program["streams"]))
-    item = rng.choice(program["streams"][chiplet])
-    at = rng.randrange(1, len(item)) if len(item) > 1 else 1
-    item[at:at + 1] = [rng.choice(WRONG)]
-    return f"stream {chiplet} {item[0]} operand {at} = {json.dumps(item[at] if at < len(item) else None)}"
+def unknown_op(rng: random.Random, stream: list[Any]) -> str:
+    stream.insert(0, rng.choice([999, -1, 1 << 40]))
+    return f"opcode {stream[0]}"
+
+
+def bad_operand(rng: random.Random, stream: list[Any]) -> str:
+    at = rng.randrange(len(stream))
+    stream[at] = rng.choice([*WRONG, 1 << 62, -2, 10**6])
+    return f"item {at} = {json.dumps(stream[at])}"
+
+
+def random_edit(rng: random.Random, plan: dict[str, Any]) -> str:
+    """Anywhere in plan.json: a value replaced (a wrong type, a huge, negative or nearby number), a
+    key dropped or a list item dropped. Not invalid by construction: a figure of the prediction
+    may change to another figure."""
+    spots: list[tuple[Any, Any]] = []  # (container, key or index)
+    stack: list[Any] = [plan]
+    while stack:
+        node = stack.pop()
+        for key in (sorted(node) if isinstance(node, dict) else range(len(node))):
+            spots.append((node, key))
+            if isinstance(node[key], (dict, list)) and node[key]:
+                stack.append(node[key])
+    node, key = rng.choice(spots)
+    old = node[key]
+    if rng.random() < 0.2:
+        del node[key]
+        return f"dropped {key!r} (was {json.dumps(old)[:40]})"
+    nearby = [old + 1, old - 1, -old] if isinstance(old, int) and not isinstance(old, bool) else []
+    node[key] = rng.choice([*WRONG, 0, 1 << 62, -(1 << 31), 1e308, *nearby])
+    return f"{key!r}: {json.dumps(old)[:40]} -> {json.dumps(node[key])}"
 
 
 def _target(edit: Callable[[random.Random, str], tuple[str, str]]) -> Mutation:
@@ -374,13 +420,14 @@ KINDS: dict[str, tuple[Mutation, bool]] = {  # kind -> (mutation, invalid by con
     "plan-prompt-over-context": (_json_file("plan.json", prompt_over_context), True),
     "plan-unknown-format": (_json_file("plan.json", unknown_format), True),
     "plan-chiplet": (_json_file("plan.json", chiplet_huge), True),
-    "program-negative-buffer": (_json_file("plan.json", _program(buffer_bytes([-1, -(1 << 30)]))), True),
-    "program-huge-buffer": (_json_file("plan.json", _program(buffer_bytes([1 << 62, 10**15]))), True),
-    "program-buffer-chiplet": (_json_file("plan.json", _program(buffer_chiplet)), True),
-    "program-recv-without-send": (_json_file("plan.json", _program(recv_without_send)), True),
-    "program-dependency-cycle": (_json_file("plan.json", _program(dependency_cycle)), True),
-    "program-unknown-op": (_json_file("plan.json", _program(unknown_op)), True),
-    "program-bad-operand": (_json_file("plan.json", _program(bad_operand)), True),
+    "plan-random-edit": (_json_file("plan.json", random_edit), False),
+    "program-negative-buffer": (_json_file("plan.json", buffer_field(2, [-1, -(1 << 30)])), True),
+    "program-huge-buffer": (_json_file("plan.json", buffer_field(2, [1 << 62, 10**15])), True),
+    "program-buffer-chiplet": (_json_file("plan.json", buffer_field(1, [10**12, -1, 1 << 40])), True),
+    "program-recv-without-send": (_json_file("plan.json", _typed(recv_without_send)), True),
+    "program-dependency-cycle": (_json_file("plan.json", _typed(dependency_cycle)), True),
+    "program-unknown-op": (_json_file("plan.json", _stream(unknown_op)), True),
+    "program-bad-operand": (_json_file("plan.json", _stream(bad_operand)), True),
     "target-cards": (_target(_replace("cards", "1000000000")), True),
     "target-negative-sram": (_target(_replace("sram_bytes", "-1")), True),
     "target-tiny-sram": (_target(_replace("sram_bytes", "64")), True),

@@ -21,9 +21,10 @@ users (a serving process may run under another account).
 `load(path)` treats the folder as untrusted input (it may come from another machine or
 account): it checks the manifest's format, version and schema; reads every file once and checks
 its size and sha256 (what is then parsed and run are those very bytes); that every name stays
-inside the directory (no separators, no links); plan.json against its schema
-(`aviatorc.plan.schema`); weights.safetensors' header against its bytes
-(`aviatorc.plan.tensors`); and that the plan's references resolve: tiles to tensors, buffers to
+inside the directory (no separators, no links); plan.json field by field (`Plan.from_dict`,
+through `aviatorc.plan.records`); weights.safetensors' header against its bytes
+(`aviatorc.plan.tensors`); every program against the target with the plan checker
+(`aviatorc.plan.check`); and that the plan's references resolve: tiles to tensors, buffers to
 tiles, compute instructions to graph nodes. Each fault is one `ArtifactError` naming the file,
 the field and the constraint. A folder others may write is loaded with a warning.
 """
@@ -34,6 +35,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -45,8 +47,9 @@ from typing import Any
 import numpy as np
 
 from aviatorc.errors import ModelFormatError, OptionError
-from aviatorc.plan import schema
-from aviatorc.plan.ir import Program
+from aviatorc.plan.ir import Compute, Program, tile_name
+from aviatorc.plan.plan import Plan
+from aviatorc.plan.records import from_json
 from aviatorc.plan.tensors import WEIGHTS, TensorHeaderError, TensorStore
 
 ARTIFACT_FORMAT = "aviatorc-artifact"
@@ -64,7 +67,10 @@ class ArtifactError(ModelFormatError):
     """An artifact is malformed, tampered with, or from an unknown version."""
 
 
-def to_json_bytes(data: Any) -> bytes:
+def to_json_bytes(data: Any, *, compact: bool = False) -> bytes:
+    """JSON with sorted keys; `compact` (plan.json) without indentation or spaces."""
+    if compact:
+        return (json.dumps(data, sort_keys=True, allow_nan=False, separators=(",", ":")) + "\n").encode()
     return (json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n").encode()
 
 
@@ -157,6 +163,16 @@ def check_output_path(out: str | os.PathLike[str], *, directory: bool = True) ->
         raise OptionError(f"cannot write the output '{path}': '{parent}' is a file, not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OptionError(f"cannot write the output '{path}': '{parent}' is not writable")
+    # Permission bits do not tell everything (as root every folder looks writable, and /proc or
+    # /sys refuse files whatever the bits say): try a file there, as the write will.
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".aviatorc-probe-", dir=parent)
+    except OSError as error:
+        raise OptionError(f"cannot write the output '{path}': '{parent}' takes no new files ({error.strerror})",
+                          hint="choose a folder on a normal file system, such as one under your home or the "
+                               "current folder") from None
+    os.close(handle)
+    os.unlink(probe)
 
 
 def _check_name(name: str) -> None:
@@ -169,14 +185,13 @@ def _check_name(name: str) -> None:
 
 @dataclass
 class Artifact:
-    """A loaded, validated artifact. Every file was read once and checked against its hash; what
-    consumers read (tensors, `file_bytes`) are those bytes, so a file replaced after `load` changes
-    nothing that runs."""
+    """A loaded, validated artifact: the typed plan, the graph and target texts, the report. Every
+    file was read once and checked against its hash; what consumers read (tensors, `file_bytes`)
+    are those bytes, so a file replaced after `load` changes nothing that runs."""
 
     path: Path
     manifest: dict[str, Any]
-    plan: dict[str, Any]
-    programs: dict[str, Program]
+    plan: Plan
     graph_text: str
     target_toml: str
     report: dict[str, Any]
@@ -186,6 +201,10 @@ class Artifact:
     @property
     def shape_only(self) -> bool:
         return bool(self.manifest["shape_only"])
+
+    @property
+    def programs(self) -> dict[str, Program]:
+        return self.plan.programs
 
     def file_bytes(self, name: str) -> bytes:
         """The verified bytes of one of the artifact's files (trace.json, report.html, ...)."""
@@ -204,7 +223,7 @@ class Artifact:
         if name not in self.store:
             raise ArtifactError(f"no tensor '{name}' in {WEIGHTS}", file=str(self.path))
         array = self.store.get(name)
-        if self.plan.get("tensor_dtypes", {}).get(name) == _BF16:
+        if self.plan.tensor_dtypes.get(name) == _BF16:
             import ml_dtypes
 
             array = array.view(ml_dtypes.bfloat16)
@@ -228,35 +247,33 @@ class Artifact:
 
 
 MAX_MANIFEST_BYTES = 1 << 20  # a manifest lists a handful of files
+MAX_FILE_BYTES = 1 << 48
+MAX_CHIPLETS = 1 << 16  # a target's chiplets: the simulator and the checker size lists by it
+_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 
 
 def load(path: str | os.PathLike[str]) -> Artifact:
     """Open an artifact directory: every file read once, its size and sha256 checked against the
-    manifest, then each parsed from those bytes and validated (manifest and plan.json against their
-    schemas, weights.safetensors' header against its bytes, the plan's references). Any fault is
-    one `ArtifactError` naming the file, the field and the constraint."""
+    manifest, then each parsed from those bytes and validated (the manifest and plan.json field by
+    field, weights.safetensors' header against its bytes, the programs by the plan checker on the
+    target, the plan's references). Any fault is one `ArtifactError` naming the file, the field and
+    the constraint."""
     root = Path(path)
     where = str(root)
     if not root.is_dir():
         raise ArtifactError("not an artifact directory", file=where)
     warn_if_others_can_write(root)
-    manifest = _manifest(root, where)
-    files = manifest["files"]
+    manifest, files = _manifest(root, where)
     verified = {name: _read_verified(root, name, entry, where) for name, entry in sorted(files.items())}
-    plan = _json(verified["plan.json"], "plan.json", where)
-    if plan.get("schema_version") != 1:
-        raise ArtifactError(f"plan.json schema version {_shown(plan.get('schema_version'))} is not supported",
-                            file=where, field="schema_version")
-    _check(schema.check_plan, plan, "plan.json", where)
-    programs = {}
-    for phase, body in plan["programs"].items():
-        try:
-            programs[phase] = Program.from_dict(body)
-        except ModelFormatError as error:
-            raise ArtifactError(f"plan.json: programs.{phase}: {error.message}", file=where,
-                                field=f"programs.{phase}") from None
+    try:
+        plan = Plan.from_dict(_json(verified["plan.json"], "plan.json", where))
+    except ArtifactError:
+        raise
+    except ModelFormatError as error:
+        text = error.message if error.message.startswith("plan.json") else f"plan.json: {error.message}"
+        raise ArtifactError(text, file=where, field="plan.json") from None
     graph_text, target_toml = _text(verified, "graph.ir", where), _text(verified, "target.toml", where)
-    if hashlib.sha256(verified["target.toml"]).hexdigest() != plan["target"]["sha256"]:
+    if hashlib.sha256(verified["target.toml"]).hexdigest() != plan.target_sha256:
         raise ArtifactError("target.toml is not the target the plan was compiled for (sha256 differs)", file=where)
     store = None
     if WEIGHTS in verified:
@@ -265,26 +282,32 @@ def load(path: str | os.PathLike[str]) -> Artifact:
         except TensorHeaderError as error:
             raise ArtifactError(error.message, file=where, field=WEIGHTS) from None
     report = _json(verified["report.json"], "report.json", where)
-    artifact = Artifact(root, manifest, plan, programs, graph_text, target_toml, report, verified, store)
-    _check_target(artifact, where)
+    artifact = Artifact(root, manifest, plan, graph_text, target_toml, report, verified, store)
+    _check_programs(artifact, where)
     _check_references(artifact, where)
     return artifact
 
 
-def _check_target(artifact: Artifact, where: str) -> None:
-    """The target parses, is of a size a runtime can model, and has every chiplet the plan names."""
+def _check_programs(artifact: Artifact, where: str) -> None:
+    """The target parses and is of a size a runtime can model; every program is the plan's
+    workload and passes the plan checker on that target (chiplets, channels, buffers within SRAM,
+    each recv with its send, no deadlock): what a tampered plan.json says is refused here, before
+    a backend or a server sizes anything by it."""
+    from aviatorc.plan.check import PlanCheckError, check_plan
+
     target = artifact.target()
-    if target.num_chiplets > schema.MAX_CHIPLET:
+    if target.num_chiplets > MAX_CHIPLETS:
         raise ArtifactError(f"target.toml describes {target.num_chiplets:,} chiplets ({target.cards:,} cards); "
-                            f"an artifact's target has at most {schema.MAX_CHIPLET:,}", file=where, field="server.cards")
-    named = [("chiplets", c) for c in artifact.plan["chiplets"]]
-    for tile in artifact.plan["tiles"]:
-        named += [(f"tiles.{tile['id']}.{key}", tile[key]) for key in ("compute_chiplet", "resident_chiplet")
-                  if key in tile]
-    for key, chiplet in named:
-        if chiplet >= target.num_chiplets:
-            raise ArtifactError(f"plan.json: {key}: chiplet {chiplet:,} does not exist on target '{target.name}' "
-                                f"({target.num_chiplets} chiplets)", file=where, field=key)
+                            f"an artifact's target has at most {MAX_CHIPLETS:,}", file=where, field="server.cards")
+    for phase, program in sorted(artifact.plan.programs.items()):
+        if program.workload != artifact.plan.workload:
+            raise ArtifactError(f"plan.json: programs.{phase}: workload {program.workload.to_dict()} is not the "
+                                f"plan's {artifact.plan.workload.to_dict()}", file=where, field=f"programs.{phase}")
+    try:
+        check_plan(artifact.plan, target)
+    except PlanCheckError as error:
+        raise ArtifactError(f"plan.json breaks the plan rule '{error.check}': {error}", file=where,
+                            field="programs") from None
 
 
 def warn_if_others_can_write(root: Path) -> None:
@@ -301,7 +324,7 @@ def warn_if_others_can_write(root: Path) -> None:
             return
 
 
-def _manifest(root: Path, where: str) -> dict[str, Any]:
+def _manifest(root: Path, where: str) -> tuple[dict[str, Any], dict[str, _FileEntry]]:
     path = root / MANIFEST
     if path.is_symlink() or not path.is_file():
         raise ArtifactError(f"missing {MANIFEST}", file=where)
@@ -315,8 +338,10 @@ def _manifest(root: Path, where: str) -> dict[str, Any]:
     if manifest.get("version") != ARTIFACT_VERSION:
         raise ArtifactError(f"artifact version {_shown(manifest.get('version'))} is not supported (this aviatorc "
                             f"reads version {ARTIFACT_VERSION})", file=where, hint="recompile the model with this aviatorc")
-    _check(schema.MANIFEST, manifest, MANIFEST, where)
-    files = manifest["files"]
+    try:
+        files = from_json(_Manifest, manifest, MANIFEST).files
+    except ModelFormatError as error:
+        raise ArtifactError(error.message, file=where, field=MANIFEST) from None
     missing = [name for name in _REQUIRED if name not in files]
     if missing:
         raise ArtifactError(f"{MANIFEST}: files must list {', '.join(_REQUIRED)} ({', '.join(missing)} missing)",
@@ -327,14 +352,29 @@ def _manifest(root: Path, where: str) -> dict[str, Any]:
                             field="shape_only")
     for name in files:
         _check_name(name)
-    return manifest
+    return manifest, files
 
 
-def _check(validate: Any, document: dict[str, Any], name: str, where: str) -> None:
-    try:
-        validate(document, "")
-    except schema.SchemaError as error:
-        raise ArtifactError(f"{name}: {error}", file=where, field=error.path) from None
+@dataclass(frozen=True)
+class _FileEntry:
+    """A manifest's line for one file (read by `aviatorc.plan.records`, bounds checked here)."""
+
+    sha256: str
+    bytes: int
+
+    def __post_init__(self) -> None:
+        if not _HEX64.match(self.sha256):
+            raise ValueError(f"sha256 must be 64 lowercase hex digits, not {_shown(self.sha256)}")
+        if not 0 <= self.bytes <= MAX_FILE_BYTES:
+            raise ValueError(f"bytes must be in [0, {MAX_FILE_BYTES:,}], not {self.bytes:,}")
+
+
+@dataclass(frozen=True)
+class _Manifest:
+    format: str
+    version: int
+    files: dict[str, _FileEntry]
+    shape_only: bool
 
 
 def _json(data: bytes, name: str, where: str) -> dict[str, Any]:
@@ -361,7 +401,7 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _read_verified(root: Path, name: str, entry: dict[str, Any], where: str) -> bytes:
+def _read_verified(root: Path, name: str, entry: _FileEntry, where: str) -> bytes:
     """The file's bytes, read once, if they are the manifest's size and sha256."""
     path = root / name
     try:
@@ -370,24 +410,24 @@ def _read_verified(root: Path, name: str, entry: dict[str, Any], where: str) -> 
         raise ArtifactError(f"{MANIFEST} lists '{name}' but it is missing", file=where) from None
     if not stat.S_ISREG(info.st_mode):
         raise ArtifactError(f"'{name}' is not a regular file (links are not followed)", file=where)
-    if info.st_size != entry["bytes"]:
-        raise ArtifactError(f"'{name}' is {info.st_size:,} bytes but {MANIFEST} says {entry['bytes']:,}: the file "
+    if info.st_size != entry.bytes:
+        raise ArtifactError(f"'{name}' is {info.st_size:,} bytes but {MANIFEST} says {entry.bytes:,}: the file "
                             "was changed after the compile", file=where, hint="recompile, or restore the original file")
     with open(path, "rb") as handle:
-        data = handle.read(entry["bytes"] + 1)
-    if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        data = handle.read(entry.bytes + 1)
+    if len(data) != entry.bytes or hashlib.sha256(data).hexdigest() != entry.sha256:
         raise ArtifactError(f"'{name}' does not match its sha256 in {MANIFEST}: the file was changed after the "
                             "compile", file=where, hint="recompile, or restore the original file")
     return data
 
 
 def _check_references(artifact: Artifact, where: str) -> None:
-    tiles = {t["id"]: t for t in artifact.plan["tiles"]}
+    count = len(artifact.plan.tiles)
     names = set(artifact.tensor_names())
     if not artifact.shape_only:
-        for tile_id in tiles:
-            if f"{tile_id}.values" not in names:
-                raise ArtifactError(f"tile {tile_id} has no tensor '{tile_id}.values' in {WEIGHTS}", file=where)
+        for t in range(count):
+            if f"{tile_name(t)}.values" not in names:
+                raise ArtifactError(f"tile {tile_name(t)} has no tensor '{tile_name(t)}.values' in {WEIGHTS}", file=where)
     try:
         nodes = {node.name for node in artifact.graph().nodes}
     except ModelFormatError as error:
@@ -396,10 +436,10 @@ def _check_references(artifact: Artifact, where: str) -> None:
         raise ArtifactError("graph.ir does not parse: it nests too deeply", file=where) from None
     for phase, program in artifact.programs.items():
         for buffer in program.buffers.values():
-            if buffer.tile.startswith("t") and buffer.tile not in tiles:
-                raise ArtifactError(f"{phase} program: buffer '{buffer.name}' holds unknown tile '{buffer.tile}'",
-                                    file=where)
+            if buffer.tile is not None and not 0 <= buffer.tile < count:
+                raise ArtifactError(f"{phase} program: buffer '{buffer.name}' holds unknown tile "
+                                    f"'{tile_name(buffer.tile)}'", file=where)
         for chiplet, step, ins in program.instructions():
-            if ins.op == "compute" and ins["node"] not in nodes:
+            if isinstance(ins, Compute) and ins.node not in nodes:
                 raise ArtifactError(f"{phase} program, stream {chiplet} step {step}: compute names node "
-                                    f"'{ins['node']}', which graph.ir does not have", file=where)
+                                    f"'{ins.node}', which graph.ir does not have", file=where)

@@ -100,49 +100,63 @@ def test_a_safetensors_header_that_lies_is_one_artifact_error(artifact, tmp_path
     assert refused.value.fields["field"] == WEIGHTS
 
 
+def _workload(key: str, value: object):
+    def edit(plan: dict) -> None:
+        for record in [plan["workload"], *(p["workload"] for p in plan["programs"].values())]:
+            record[key] = value
+    return edit
+
+
+def _set(*path: object, value: object):
+    def edit(plan: dict) -> None:
+        *parents, last = path
+        node = plan
+        for key in parents:
+            node = node[key]
+        node[last] = value
+    return edit
+
+
+def _stream_on(chiplet: int):
+    def edit(plan: dict) -> None:
+        streams = plan["programs"]["decode"]["streams"]
+        streams[str(chiplet)] = streams.pop(sorted(streams)[0])
+    return edit
+
+
+# plan.json edits (schema 2: a tile is a row [weight, k0, k1, n0, n1, bytes, compute chiplet,
+# resident chiplet, channel]; buffers are rows [name, chiplet, bytes, kind, tile, layer]).
 PLAN_FAULTS = {
     "not json": (lambda raw: raw[: len(raw) // 2], "plan.json is not valid JSON"),
     "nested 100,000 deep": (lambda raw: b'{"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nests too deeply"),
     "a list": (lambda raw: b"[" + raw + b"]", "plan.json must hold a JSON object"),
-    "no tiles": ("tiles", "plan.json: tiles: is missing"),
-    "batch as a string": (("workload", "batch", "4"), 'plan.json: workload.batch: must be an integer in [1, 4,096], '
-                                                      'not "4"'),
-    "batch 0": (("workload", "batch", 0), "workload.batch: must be an integer in [1, 4,096], not 0"),
-    "batch -1": (("workload", "batch", -1), "workload.batch: must be an integer in [1, 4,096], not -1"),
-    "batch 10^9": (("workload", "batch", 10**9), "not 1000000000"),
-    "context 2^40": (("workload", "context", 1 << 40), "workload.context: must be an integer in [1, 16,777,216]"),
-    "unknown weight format": (("tile", "format", "int3"), "tiles[0].format.format: must be one of fp32"),
-    "chiplet 10^12": (("tile", "compute_chiplet", 10**12), "tiles[0].compute_chiplet: must be an integer in [0, 65,536]"),
-    "program workload differs": (("program", "batch", 2), "programs.decode.workload: must be the plan's workload"),
-    "malformed program": (("program", "buffers", 7), "plan.json: programs.decode: malformed plan program"),
+    "no tiles": (lambda plan: plan.pop("tiles"), "plan.json: missing 'tiles'"),
+    "batch as a string": (_set("workload", "batch", value="4"), "plan.json: workload.batch: must be an integer, not '4'"),
+    "batch 0": (_workload("batch", 0), "plan.json: workload: batch must be in [1, 4,096], not 0"),
+    "batch -1": (_workload("batch", -1), "batch must be in [1, 4,096], not -1"),
+    "batch 10^9": (_workload("batch", 10**9), "batch must be in [1, 4,096], not 1,000,000,000"),
+    "context 2^40": (_workload("context", 1 << 40), "context must be in [1, 16,777,216], not 1,099,511,627,776"),
+    "prompt past the context": (_workload("prompt", 65), "prompt must be in [1, 64], not 65"),
+    "unknown weight format": (_set("weights", 0, "format", "format", value="int3"), "plan.json: weights[0].format: "),
+    "tile computing on chiplet 10^12": (_set("tiles", 0, 6, value=10**12), "plan rule 'wrong-target'"),
+    "tile resident nowhere": (_set("tiles", 0, 7, value=-1), "tiles[0] must be resident on a chiplet or streamed"),
+    "negative buffer size": (_set("tables", "buffers", 0, 2, value=-1), "negative bytes or chiplet"),
+    "buffer of 2^62 bytes": (_set("tables", "buffers", 0, 2, value=1 << 62), "plan rule 'over-capacity'"),
+    "stream on chiplet 10^12": (_stream_on(10**12), "plan rule 'outside-chiplets'"),
+    "program workload differs": (_set("programs", "decode", "workload", "batch", value=2),
+                                 "plan.json: programs.decode: workload {'batch': 2, 'context': 64, 'prompt': 8} is "
+                                 "not the plan's"),
+    "malformed program": (_set("programs", "decode", "buffers", value=7), "plan.json: malformed plan program 'decode'"),
 }
-
-
-def _plan_edit(how):
-    def edit(plan: dict) -> None:
-        if isinstance(how, str):
-            del plan[how]
-        elif how[0] == "workload":
-            plan["workload"][how[1]] = how[2]
-            for program in plan["programs"].values():
-                program["workload"][how[1]] = how[2]
-        elif how[0] == "tile":
-            target = plan["tiles"][0]
-            (target["format"] if how[1] == "format" else target)[how[1]] = how[2]
-        elif how[1] == "batch":
-            plan["programs"]["decode"]["workload"]["batch"] = how[2]
-        else:
-            plan["programs"]["decode"][how[1]] = how[2]
-    return edit
 
 
 @pytest.mark.parametrize("fault", sorted(PLAN_FAULTS))
 def test_a_malformed_plan_json_is_one_artifact_error(artifact, tmp_path, fault):
     how, want = PLAN_FAULTS[fault]
-    if callable(how):
+    if fault in ("not json", "nested 100,000 deep", "a list"):  # edits of the bytes
         folder = tampered_copy(artifact, tmp_path / "t.avc", files={"plan.json": how((artifact / "plan.json").read_bytes())})
     else:
-        folder = tampered_copy(artifact, tmp_path / "t.avc", plan=_plan_edit(how))
+        folder = tampered_copy(artifact, tmp_path / "t.avc", plan=how)
     with pytest.raises(ArtifactError) as refused:
         aviatorc.load(folder)
     assert want in str(refused.value), str(refused.value)
@@ -150,10 +164,12 @@ def test_a_malformed_plan_json_is_one_artifact_error(artifact, tmp_path, fault):
 
 
 @pytest.mark.parametrize(("edit", "want"), [
-    (lambda m: m.pop("files"), "manifest.json: files: is missing"),
-    (lambda m: m["files"]["plan.json"].update(bytes="91470"), "files.plan.json.bytes: must be an integer"),
-    (lambda m: m["files"]["graph.ir"].update(sha256="xyz"), "files.graph.ir.sha256: must match"),
+    (lambda m: m.pop("files"), "manifest.json: missing field 'files'"),
+    (lambda m: m["files"]["plan.json"].update(bytes="91470"), "files.plan.json.bytes: must be an integer, not '91470'"),
+    (lambda m: m["files"]["graph.ir"].update(bytes=-1), "files.graph.ir: bytes must be in [0, "),
+    (lambda m: m["files"]["graph.ir"].update(sha256="xyz"), "files.graph.ir: sha256 must be 64 lowercase hex digits"),
     (lambda m: m.update(shape_only="no"), "shape_only: must be true or false"),
+    (lambda m: m.update(extra=1), "manifest.json: unknown field 'extra'"),
     (lambda m: m["files"].pop("report.json"), "files must list plan.json, graph.ir, target.toml, report.json"),
 ])
 def test_a_malformed_manifest_is_one_artifact_error(artifact, tmp_path, edit, want):
