@@ -8,7 +8,8 @@ For each model type in `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`, a tiny config (hidde
 4 heads, 2 kv heads, vocab 128; list fields per layer cut to 2 layers; expert counts cut to 4)
 and three sources, as a new user would try them:
 
-- config.json: the tiny config written as a file, compiled shape-only for `corsair` at INT4;
+- config.json: the tiny config written as a file, compiled shape-only for `corsair` at INT4
+  (context 64, prompt 8: within its 128 positions);
 - module: the `transformers` model built from it (random, seeded, perturbed weights, eager
   attention), compiled for `mock` at fp32; one decode step (3 new tokens after 4) against the
   eager module within 1e-4, and up to 6 greedy tokens equal to the eager module's (both stop at
@@ -193,7 +194,7 @@ def _compile(source: Any, **options: Any) -> tuple[Any, dict[str, Any] | None]:
 def _from_config(model_type: str, fields: dict[str, Any], work: Path) -> dict[str, Any]:
     path = work / "config.json"
     path.write_text(json.dumps({"model_type": model_type, **fields}, default=str))
-    result, failed = _compile(str(path), target="corsair", quant="int4")
+    result, failed = _compile(str(path), target="corsair", quant="int4", context=64, prompt=8)  # tiny configs: 128 positions
     return failed or _result("ok", f"{result.report.data['model']['parameters']:,} parameters")
 
 
