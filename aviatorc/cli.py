@@ -666,22 +666,11 @@ def _chat_stops(session: Any, tokenizer: Any) -> list[int]:
     return sorted(stops)
 
 
-# What `aviatorc serve` imports from the `serve` extra (pyproject.toml).
-SERVE_MODULES = ("fastapi", "uvicorn", "sse_starlette", "prometheus_client")
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
-    import importlib
-
     from aviatorc.errors import OptionError
+    from aviatorc.extras import require
 
-    for module in SERVE_MODULES:
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            raise OptionError(f"`aviatorc serve` needs '{module}', which is not installed",
-                              hint="pip install 'aviatorc[serve]'") from None
-
+    require("serve", "`aviatorc serve`")
     from aviatorc.serve.server import serve
     from aviatorc.serve.tenants import EngineOptions, ModelSpec
 

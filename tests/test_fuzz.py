@@ -136,4 +136,4 @@ def test_fixed_seed_artifact_slice_through_the_cli(fuzz, artifact_files) -> None
     assert totals["mutants"] == len(picks) and results["runs"] == 2 * len(picks) + 1  # serve for index 0
     bad = {k: totals.get(k, 0) for k in ("traceback", "hang", "killed", "internal", "accepted-invalid")}
     assert bad == dict.fromkeys(bad, 0), results["findings"]
-    assert totals["refused"] == 3 and totals["ok"] == 1
+    assert totals["refused"] == 3 and totals["ok"] == 1, results["rows"]

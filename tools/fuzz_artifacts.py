@@ -46,11 +46,17 @@ SAFETENSORS = "weights.safetensors"
 
 def seed_artifact(cache: Path) -> Path:
     """The seed artifact (compiled once into `cache`)."""
-    folder = cache / "seed.avc"
-    if (folder / "manifest.json").exists():
-        return folder
     import aviatorc
     from aviatorc import zoo
+    from aviatorc.errors import AviatorError
+
+    folder = cache / "seed.avc"
+    if (folder / "manifest.json").exists():
+        try:
+            aviatorc.load(folder)
+            return folder
+        except AviatorError:  # compiled by another aviatorc (an older plan schema): compile it again
+            shutil.rmtree(folder)
 
     onnx_path = zoo.export_decode_onnx("llama", cache / "llama-decode.onnx", naming="hf")
     result = aviatorc.compile(str(onnx_path), target="mock", quant="int8", batch=2, context=64, prompt=8,

@@ -208,5 +208,5 @@ def test_serve_without_its_extra_says_what_to_install(artifacts):
               f"sys.exit(main(['serve', {str(artifacts['llama'])!r}, '--port', '0']))")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
-    assert out.stderr.strip() == ("aviatorc: error: `aviatorc serve` needs 'uvicorn', which is not installed; "
-                                  "pip install 'aviatorc[serve]'")
+    assert out.stderr.strip() == ("aviatorc: error: `aviatorc serve` needs the uvicorn package; pip install "
+                                  "'aviatorc[serve]' (from a checkout: pip install '.[serve]')")
