@@ -86,18 +86,10 @@ class Report:
         return "\n".join(lines)
 
 
-def seconds(value: float) -> str:
-    """A duration in the unit that reads best."""
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if abs(value) >= scale:
-            return f"{value / scale:.3f} {unit}"
-    return f"{value * 1e9:.1f} ns"
-
-
 def plan_summary(plan: Mapping[str, Any]) -> list[str]:
     """The predicted figures, each with the range the target's assumed figures span and next to
     its physical bound (naming the term that sets it), and under them what the prediction leaves out."""
-    from aviatorc.report.data import binding_term, binding_text
+    from aviatorc.report.data import binding_term, binding_text, seconds
 
     p, memory = plan["prediction"], plan["memory"]
     bound = p["bound"]
@@ -268,6 +260,14 @@ def compile(  # noqa: A001 - the public verb is `aviatorc.compile`
     return CompileResult(graph, report, opts, placement, plan, target, timings)
 
 
+def _max_positions(graph: Graph) -> int | None:
+    """The positions the model was trained for, when its graph says."""
+    from aviatorc.workload import MAX_POSITIONS_KEY
+
+    limit = graph.metadata.get(MAX_POSITIONS_KEY)
+    return int(limit) if limit is not None else None
+
+
 def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_limit_s: float, report: Report,
                         timings: dict[str, Any], echo: Callable[[str], None] | None) -> tuple[Any, Any]:
     """Memory plan, partition, schedule and check: the placement and the plan."""
@@ -302,7 +302,7 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
     with stage(_logger, f"scheduling decode (batch {workload.batch}, context {workload.context}) and prefill "
                f"(prompt {workload.prompt})", echo=echo):
         plan = schedule(graph, placement, weights, target, workload, memory, chiplets=allowed, prefetch=opts.prefetch,
-                        ranges=opts.ranges, sweep=opts.sweep,
+                        ranges=opts.ranges, sweep=opts.sweep, max_context=_max_positions(graph),
                         target_sha256=hashlib.sha256(target.to_toml().encode()).hexdigest())
         check_plan(plan, target)  # independent of the scheduler: a failure here is an aviatorc bug
     layout = find_cache(graph)

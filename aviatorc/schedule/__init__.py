@@ -48,8 +48,10 @@ NOTES = ("costs modelled: matrix units per format, vector units, SRAM, LPDDR cha
 
 def schedule(graph: Graph, placement: Placement, weights: Sequence[WeightSpec], target: Target, workload: Workload,
              memory: MemoryPlan, *, facts: ModelFacts | None = None, chiplets: Sequence[int] | None = None,
-             prefetch: bool = True, sweep: bool = True, ranges: bool = True, target_sha256: str = "") -> Plan:
-    """Build the decode and prefill programs, simulate them, and judge them against the bound."""
+             prefetch: bool = True, sweep: bool = True, ranges: bool = True, max_context: int | None = None,
+             target_sha256: str = "") -> Plan:
+    """Build the decode and prefill programs, simulate them, and judge them against the bound. The
+    sweep leaves out contexts beyond `max_context` (the positions the model was trained for)."""
     facts = facts or model_facts(graph, placement.tiles)
     allowed = tuple(sorted(chiplets if chiplets is not None else range(target.num_chiplets)))
     memory = kv_beside_weights(memory, placement, facts, target)
@@ -82,7 +84,8 @@ def schedule(graph: Graph, placement: Placement, weights: Sequence[WeightSpec], 
         ttft_efficiency=bound.ttft_s / ttft if ttft else 0.0,
         sram_peak_bytes=dict(sorted(decode.peak_sram_bytes().items())),
         ranges=spans,
-        sweep=_sweep(facts, placement, weights, target, workload, memory, allowed, prefetch) if sweep else (),
+        sweep=_sweep(facts, placement, weights, target, workload, memory, allowed, prefetch,
+                     max_context) if sweep else (),
     )
     notes = list(NOTES)
     if not facts.kv_width:
@@ -129,10 +132,13 @@ def _flops_by_layer(program: Program, facts: ModelFacts) -> dict[int, float]:
 
 
 def _sweep(facts: ModelFacts, placement: Placement, weights: Sequence[WeightSpec], target: Target,
-           workload: Workload, memory: MemoryPlan, allowed: Sequence[int], prefetch: bool) -> tuple[SweepPoint, ...]:
-    """Time per token over batch (at the compiled context) and context (at the compiled batch), on
-    this placement: a point whose KV cache outgrows the SRAM the compile reserved streams it."""
-    points = sorted({(b, workload.context) for b in SWEEP_BATCHES} | {(workload.batch, t) for t in SWEEP_CONTEXTS})
+           workload: Workload, memory: MemoryPlan, allowed: Sequence[int], prefetch: bool,
+           max_context: int | None = None) -> tuple[SweepPoint, ...]:
+    """Time per token over batch (at the compiled context) and context (at the compiled batch, up to
+    the model's trained positions), on this placement: a point whose KV cache outgrows the SRAM the
+    compile reserved streams it."""
+    contexts = [t for t in SWEEP_CONTEXTS if max_context is None or t <= max_context]
+    points = sorted({(b, workload.context) for b in SWEEP_BATCHES} | {(workload.batch, t) for t in contexts})
     out = []
     with stage(_logger, "simulating the batch and context sweep", total=len(points)) as task:
         for batch, context in points:

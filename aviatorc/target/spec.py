@@ -10,6 +10,7 @@ filled in, so `aviatorc target show NAME --resolved` echoes exactly what the com
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 SCHEMA_VERSION = 2
@@ -68,7 +69,7 @@ class Assumption:
 
 
 @dataclass(frozen=True)
-class Target:
+class Target:  # derived figures are cached_property: the simulator reads them per instruction
     """A machine: `cards` cards of `packages_per_card` packages of `chiplets_per_package` chiplets."""
 
     name: str
@@ -96,15 +97,15 @@ class Target:
 
     # -- the hierarchy --------------------------------------------------------------------
 
-    @property
+    @cached_property
     def chiplets_per_card(self) -> int:
         return self.chiplets_per_package * self.packages_per_card
 
-    @property
+    @cached_property
     def num_chiplets(self) -> int:
         return self.chiplets_per_card * self.cards
 
-    @property
+    @cached_property
     def num_packages(self) -> int:
         return self.packages_per_card * self.cards
 
@@ -116,24 +117,24 @@ class Target:
 
     # -- LPDDR channels -------------------------------------------------------------------
 
-    @property
+    @cached_property
     def chiplets_per_channel(self) -> int:
         """The chiplets one LPDDR channel attaches to (its group: loads inside it cross no link)."""
         return {"chiplet": 1, "package": self.chiplets_per_package, "card": self.chiplets_per_card}[self.lpddr_attach]
 
-    @property
+    @cached_property
     def channels_per_card(self) -> int:
         return self.chiplets_per_card // self.chiplets_per_channel
 
-    @property
+    @cached_property
     def num_channels(self) -> int:
         return self.channels_per_card * self.cards
 
-    @property
+    @cached_property
     def channel_bytes_per_s(self) -> float:
         return self.lpddr_bytes_per_s_per_card / self.channels_per_card
 
-    @property
+    @cached_property
     def channel_bytes(self) -> int:
         return self.lpddr_bytes_per_card // self.channels_per_card
 
@@ -167,20 +168,20 @@ class Target:
 
     # -- capacities -----------------------------------------------------------------------
 
-    @property
+    @cached_property
     def usable_sram_bytes_per_chiplet(self) -> int:
         """SRAM a chiplet can give to resident weights: what the activation/KV reserve leaves."""
         return int(self.chiplet.sram_bytes * (1.0 - self.activation_reserve_fraction))
 
-    @property
+    @cached_property
     def sram_bytes_total(self) -> int:
         return self.chiplet.sram_bytes * self.num_chiplets
 
-    @property
+    @cached_property
     def usable_sram_bytes_total(self) -> int:
         return self.usable_sram_bytes_per_chiplet * self.num_chiplets
 
-    @property
+    @cached_property
     def lpddr_bytes_total(self) -> int:
         return self.lpddr_bytes_per_card * self.cards
 
