@@ -278,6 +278,7 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
     from aviatorc.partition.weights import weights_from_graph
     from aviatorc.plan.check import check_plan
     from aviatorc.plan.records import to_json
+    from aviatorc.report.data import seconds
     from aviatorc.runtime.cache import find_cache
     from aviatorc.schedule import Workload, model_facts, plan_memory, schedule
 
