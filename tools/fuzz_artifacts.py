@@ -640,8 +640,9 @@ def render(results: dict[str, Any], command: str, finding_lines: Callable[[list[
     lines += ["", "A row's outcome is its worst probe's. ok: every probe ran (a generate or serve that works on a "
               "tampered artifact that `load` accepted); refused: one `aviatorc: error:` line, exit 1; accepted by "
               "load: invalid by construction (every kind but st-data-flip, whose other weight values nothing can "
-              "tell apart), yet `aviatorc.load` returned. The program-* and target-* kinds are the plan's contents: "
-              "their validation belongs to the typed plan (issue 20)."]
+              "tell apart, and plan-random-edit, which may change only a predicted figure), yet `aviatorc.load` "
+              "returned. The program-* and target-* kinds are refused by `load` running the plan checker on the "
+              "artifact's target."]
     return "\n".join(lines + finding_lines(results["findings"], 25)) + "\n"
 
 
