@@ -584,11 +584,11 @@ def timing_line(session: Any, new_tokens: int) -> str:
     from aviatorc.compiler import seconds
 
     extra = session.stats.extra
-    prediction = session.artifact.plan.get("prediction", {})
+    prediction = session.artifact.plan.prediction
     decode_steps = max(new_tokens - 1, 0)
     measured_rate = f"{decode_steps / extra['decode_s']:,.1f} tokens/s" if decode_steps and extra["decode_s"] > 0 else "-"
-    predicted = (f"predicted for {session.target.name}: time to first token {seconds(prediction['ttft_s'])}, "
-                 f"decode {prediction['tokens_per_s']:,.1f} tokens/s" if prediction else "no prediction in the plan")
+    predicted = (f"predicted for {session.target.name}: time to first token {seconds(prediction.ttft_s)}, "
+                 f"decode {prediction.tokens_per_s:,.1f} tokens/s")
     return (f"timing: measured here ({session.device} device on this machine's CPU): time to first token "
             f"{seconds(extra['ttft_s'])}, decode {measured_rate} over {decode_steps} step(s) | {predicted}")
 

@@ -31,7 +31,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Generator, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -203,20 +203,27 @@ class Artifact:
 
     def tensor(self, name: str) -> np.ndarray:
         """One stored array (a tile's packed values, scales, ...; or an initializer)."""
+        return dict(self.tensors([name]))[name]
+
+    def tensors(self, names: Iterable[str]) -> Generator[tuple[str, np.ndarray], None, None]:
+        """Stored arrays by name, read under one opening of the weights file (each opening
+        parses the whole header again: reading a model tile by tile costs quadratic time)."""
         if self.shape_only:
             raise OptionError("this artifact was compiled shape-only and holds no weights",
                               file=str(self.path), hint="compile from a model with weights")
         from safetensors import safe_open
 
         with safe_open(str(self.path / WEIGHTS), framework="numpy") as handle:
-            if name not in handle.keys():
-                raise ArtifactError(f"no tensor '{name}' in {WEIGHTS}", file=str(self.path))
-            array = handle.get_tensor(name)
-        if self.plan.tensor_dtypes.get(name) == _BF16:
-            import ml_dtypes
+            stored = set(handle.keys())
+            for name in names:
+                if name not in stored:
+                    raise ArtifactError(f"no tensor '{name}' in {WEIGHTS}", file=str(self.path))
+                array = handle.get_tensor(name)
+                if self.plan.tensor_dtypes.get(name) == _BF16:
+                    import ml_dtypes
 
-            array = array.view(ml_dtypes.bfloat16)
-        return array
+                    array = array.view(ml_dtypes.bfloat16)
+                yield name, array
 
     def graph(self) -> Any:
         """The transformed IR (shapes and small constants; weights come from `tensor`)."""

@@ -343,6 +343,30 @@ def test_later_runs_replay_the_checked_run_and_give_a_checked_runs_outputs(key, 
         np.testing.assert_array_equal(next(iter(replaying.run(arrays)[0].values())), first)
 
 
+@pytest.mark.parametrize("key", ["llama", "llama:int8-stream"])
+def test_the_first_run_computes_each_kernel_once(key, compiled, monkeypatch):
+    """The first run walks the program with its checks and computes nothing there: it costs as
+    many kernel calls as a replay, not a checked computation and then a replay (issue 26)."""
+    from aviatorc.backends.sim import SimBackend
+
+    calls: list[str] = []
+    kernel = SimBackend.kernel
+
+    def counted(self, c, step, node, *ins):
+        calls.append(node.name)
+        return kernel(self, c, step, node, *ins)
+
+    monkeypatch.setattr(SimBackend, "kernel", counted)
+    session = Session(compiled(key))
+    first = session.run(feeds_of("llama"))
+    first_calls = list(calls)
+    calls.clear()
+    again = session.run(feeds_of("llama"))
+    assert first_calls and first_calls == calls
+    for name in first:
+        np.testing.assert_array_equal(first[name], again[name])
+
+
 def test_a_fault_that_depends_on_the_values_is_caught_in_a_replay_too(compiled):
     session = Session(compiled("llama"))
     feeds = feeds_of("llama")
