@@ -189,8 +189,12 @@ class WeightStore:
         key = (strips, np.dtype(dtype))
         found = self._columns.get(key)
         if found is None:
-            found = self._columns[key] = np.concatenate([self.tile(t)[:, a:b] for t, a, b in strips], axis=1,
-                                                        dtype=dtype, casting="unsafe")
+            parts = [self.tile(t)[:, a:b] for t, a, b in strips]
+            if len(parts) == 1 and parts[0].dtype == dtype and parts[0].flags.c_contiguous:
+                found = parts[0]  # a whole tile at its own dtype: the tile itself, no second copy
+            else:
+                found = np.concatenate(parts, axis=1, dtype=dtype, casting="unsafe")
+            self._columns[key] = found
         return found
 
     def initializer(self, name: str) -> np.ndarray | None:
