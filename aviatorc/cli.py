@@ -298,6 +298,13 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--cards", type=int)
     _add_set(t)
     t.add_argument("--resolved", action="store_true", help="echo the fully resolved description")
+    t.add_argument("--sensitivity", metavar="MODEL",
+                   help="instead, the table of how MODEL's predicted figures move with each assumed figure of the "
+                        "target (MODEL: a model source, compiled here, or a compiled artifact for this target)")
+    t.add_argument("--quant", choices=QUANT_CHOICES, help="with --sensitivity: the weight format MODEL is compiled to")
+    t.add_argument("--batch", type=int, help="with --sensitivity: the batch MODEL is compiled for")
+    t.add_argument("--context", type=int, help="with --sensitivity: the context MODEL is compiled for")
+    t.add_argument("--prompt", type=int, help="with --sensitivity: the prompt length MODEL is compiled for")
     t.set_defaults(handler=cmd_target_show)
     _name_own_parsers(parser)
     return parser
@@ -581,14 +588,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def timing_line(session: Any, new_tokens: int) -> str:
     """What this generate took on this machine beside what the plan predicts for its target, labelled
     so neither is taken for the other."""
-    from aviatorc.compiler import seconds
+    from aviatorc.report.data import seconds
 
     extra = session.stats.extra
     prediction = session.artifact.plan.prediction
     decode_steps = max(new_tokens - 1, 0)
     measured_rate = f"{decode_steps / extra['decode_s']:,.1f} tokens/s" if decode_steps and extra["decode_s"] > 0 else "-"
     predicted = (f"predicted for {session.target.name}: time to first token {seconds(prediction.ttft_s)}, "
-                 f"decode {prediction.tokens_per_s:,.1f} tokens/s")
+                 f"decode {prediction.tokens_per_s:,.1f} tokens/s" if prediction else "no prediction in the plan")
     return (f"timing: measured here ({session.device} device on this machine's CPU): time to first token "
             f"{seconds(extra['ttft_s'])}, decode {measured_rate} over {decode_steps} step(s) | {predicted}")
 
@@ -709,8 +716,42 @@ def cmd_target_list(args: argparse.Namespace) -> int:
 def cmd_target_show(args: argparse.Namespace) -> int:
     from aviatorc.target import cli_show
 
+    if args.sensitivity:
+        print(sensitivity_text(args))
+        return 0
     print(cli_show(args.name, cards=args.cards, resolved=args.resolved, overrides=target_overrides(args.overrides)))
     return 0
+
+
+def sensitivity_text(args: argparse.Namespace) -> str:
+    """`target show NAME --sensitivity MODEL`: MODEL's predicted figures at each end of each assumed
+    figure of the target. An artifact keeps the table it was compiled with; a model source is
+    compiled here, on the target as --cards and --set make it."""
+    import aviatorc
+    from aviatorc.errors import OptionError
+    from aviatorc.report.sensitivity import render_table, sensitivity_table
+    from aviatorc.target import load_target
+
+    source = _model_path(args.sensitivity)
+    if (source / "plan.json").is_file():
+        artifact = aviatorc.load(source)
+        plan = artifact.plan
+        if args.name not in (plan.target_name, str(artifact.path / "target.toml")) or args.cards or args.overrides:
+            raise OptionError(f"artifact '{source}' was compiled for target '{plan.target_name}' as it stands",
+                              hint=f"run `aviatorc target show {plan.target_name} --sensitivity {source}`, or give "
+                                   "the model source to compile it for another target")
+        target = load_target(str(artifact.path / "target.toml"))
+    else:
+        target = load_target(args.name, cards=args.cards, overrides=target_overrides(args.overrides))
+        options = {k: v for k, v in (("quant", args.quant), ("batch", args.batch), ("context", args.context),
+                                                        ("prompt", args.prompt)) if v}
+        plan = aviatorc.compile(str(source), target=target, sweep=False, **options).plan
+    if not plan.prediction.ranges:
+        raise OptionError(f"the plan of '{source}' has no ranges (compiled with --no-ranges)",
+                          hint="compile it again without --no-ranges, or give the model source")
+    header = (f"{plan.target_name} ({target.cards} card(s)): how the predicted figures of '{source}' move with each "
+              "assumed figure at its low / high end, the others nominal")
+    return header + "\n" + render_table(sensitivity_table(plan.prediction.ranges, target))
 
 
 def _model_path(model: str) -> Path:

@@ -86,18 +86,10 @@ class Report:
         return "\n".join(lines)
 
 
-def seconds(value: float) -> str:
-    """A duration in the unit that reads best."""
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if abs(value) >= scale:
-            return f"{value / scale:.3f} {unit}"
-    return f"{value * 1e9:.1f} ns"
-
-
 def plan_summary(plan: Mapping[str, Any]) -> list[str]:
     """The predicted figures, each with the range the target's assumed figures span and next to
     its physical bound (naming the term that sets it), and under them what the prediction leaves out."""
-    from aviatorc.report.data import binding_term, binding_text
+    from aviatorc.report.data import binding_term, binding_text, seconds
 
     p, memory = plan["prediction"], plan["memory"]
     bound = p["bound"]

@@ -81,11 +81,17 @@ def compile_case(config: Path, folder: Path, cards: int, batch: int, *, pooled: 
         "prefill_chunks": p.prefill.chunks, "kv_location": result.plan.memory.kv_location,
         "streamed_bytes": result.placement.streamed_bytes, "lpddr_busy": p.decode.lpddr_busy_fraction_max,
     }
-    for key, name in (("time_per_token_s", "token"), ("ttft_s", "ttft")):
-        r = p.ranges.get(key)
+    return row | range_columns(p, {"time_per_token_s": "token", "ttft_s": "ttft"})
+
+
+def range_columns(prediction: Any, figures: dict[str, str]) -> dict[str, Any]:
+    """Each figure's range as `<name>_low_s`, `<name>_high_s` and `<name>_sensitive` columns."""
+    out: dict[str, Any] = {}
+    for key, name in figures.items():
+        r = prediction.ranges.get(key)
         if r is not None:
-            row |= {f"{name}_low_s": r.low, f"{name}_high_s": r.high, f"{name}_sensitive": r.most_sensitive}
-    return row
+            out |= {f"{name}_low_s": r.low, f"{name}_high_s": r.high, f"{name}_sensitive": r.most_sensitive}
+    return out
 
 
 def compile_time(config: Path, folder: Path) -> tuple[float, int]:
@@ -119,11 +125,13 @@ def main(argv: list[str] | None = None) -> int:
                            "pooled_token_bound_s": old.get("token_bound_s")}
                     print(json.dumps(row), flush=True)
                     data["rows"].append(row)
+                    saved.with_suffix(".partial.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
         if not args.quick:
             seconds, size = compile_time(config_path("llama-3-70b", folder), folder)
             data["compile_s"], data["plan_json_bytes"] = seconds, size
             print(f"compile time, Llama-3-70B INT4 x4: {seconds:.1f} s, plan.json {size:,} bytes", flush=True)
     saved.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    saved.with_suffix(".partial.json").unlink(missing_ok=True)
     RESULTS.write_text(render(data))
     print(f"wrote {RESULTS}")
     return 0
@@ -182,9 +190,8 @@ def render(data: dict[str, Any]) -> str:
         lines += ["", f"Lowest decode efficiency: {worst['token_efficiency']:.3f} ({worst['model']}, {worst['cards']} "
                       f"card(s), batch {worst['batch']}); no row rounds to 0: "
                       f"{'yes' if all(round(r['token_efficiency'], 3) > 0 for r in done) else 'NO'}. "
-                      "The prefill re-streams the weights once per chunk and layer homes sit away from their weights "
-                      "on several cards: both are the next issue's (the placement and prefill schedule), measured "
-                      "here against a bound that no longer excuses them."]
+                      "The prefill re-streams the weights once per chunk: that is the next issue's (the prefill "
+                      "schedule), measured here against a bound that no longer excuses it."]
     if data.get("compile_s") is not None:
         lines += ["", f"Compile time: `aviatorc compile` of the Llama-3-70B config.json (shape-only, INT4, 4 cards, "
                       f"ranges included) end to end in a fresh process: {data['compile_s']:.1f} s wall (goal <= 120 s: "

@@ -321,7 +321,8 @@ def _matmul_nbits(b: OnnxBuilder, matmul: Node, dq: Node) -> None:
     a = matmul.input(0)
     dtype = numpy_dtype(a.type.dtype)
     inputs = [b.name(a), b.constant(weight, f"{base}.nbits"), b.constant(scales.astype(dtype), f"{base}.nbits_scale")]
-    if zeros is not None:
+    if zeros is not None:  # packed uint8, or float zero points in the scales' type
+        zeros = zeros.astype(dtype) if zeros.dtype.kind == "f" else zeros
         inputs.append(b.constant(zeros, f"{base}.nbits_zero_point"))
     k, n = weight_shape(dq)
     b.emit("MatMulNBits", inputs, _outputs(matmul), matmul.name, domain=MS_DOMAIN, K=k, N=n, bits=codes.bits,

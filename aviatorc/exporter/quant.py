@@ -10,7 +10,8 @@ into the integer codes, scales and zero points they hold, unchanged:
   `DequantizeLinear(axis=0, block_size=g)` (opset 21). An MX block's shared exponent e is the
   scale 2^(e - 127), exactly representable in float32.
 - int4 with fp16 offsets (w = code * scale + offset): uint4 codes through `DequantizeLinear`
-  (zero point 0), then the offset of each block added (`offset_GN`, broadcast along its rows).
+  (zero point 0), then the offset of each block added (`offset_GN`, broadcast along its rows);
+  in `MatMulNBits`, a float zero point -offset / scale per block (equal up to float rounding).
 - 2:4 sparse weights are exported dense-equivalent: the kept codes go back to their rows and
   the pruned ones become the zero point (0, or the group's zero point), so they dequantize to
   exactly 0. A group of g kept values spans 2g dense rows, so the block size doubles.
@@ -21,7 +22,7 @@ output would be fp16 and the products would round, where the IR's kernel multipl
 `MatMulNBits` (`--matmul-nbits`) takes B as uint8 [N, blocks, block * bits / 8]: 4-bit codes
 packed two per byte along K, low nibble first, or (bits=8: group-wise int8 and mxint8) one code
 per byte; scales [N, blocks]; optional uint8 zero points (4-bit: [N * ceil(blocks / 2)], two
-blocks per byte along K, low nibble first); with no zero points the zero point is 2^(bits - 1)
+blocks per byte along K, low nibble first) or float zero points in the scales' type ([N * blocks]); with no zero points the zero point is 2^(bits - 1)
 (8 or 128), so symmetric codes are stored as code + 8 or code + 128. Its block size must be a
 power of two, at least 16, so per-channel int8 (no block) stays QDQ. The 8-bit form runs on
 onnxruntime's CPU provider (checked on 1.32: parity with the IR's kernel in the exporter tests);
@@ -122,8 +123,8 @@ def codes_array(codes: WeightCodes) -> np.ndarray:
 def matmul_nbits_ok(codes: WeightCodes) -> str | None:
     """Why MatMulNBits cannot hold these codes; None when it can."""
     block = codes.block_size
-    if codes.offset_GN is not None:
-        return "its fp16 offsets are not MatMulNBits zero points (those are subtracted before the scale)"
+    if codes.offset_GN is not None and np.any((codes.scale == 0) & (codes.offset_GN != 0)):
+        return "a block with a zero scale and a nonzero offset has no MatMulNBits zero point"
     if not block:
         return "per-channel int8 has no block along K, which MatMulNBits needs (compile with --group-size)"
     if block < 16 or block & (block - 1):
@@ -132,8 +133,9 @@ def matmul_nbits_ok(codes: WeightCodes) -> str | None:
 
 
 def matmul_nbits_arrays(codes: WeightCodes) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """B uint8 [N, blocks, block * bits / 8], scales float32 [N, blocks], zero points uint8
-    [N * ceil(blocks / 2)] (asymmetric 4-bit only)."""
+    """B uint8 [N, blocks, block * bits / 8], scales float32 [N, blocks], zero points: uint8
+    [N * ceil(blocks / 2)] (asymmetric 4-bit), or float32 [N * blocks] for fp16 offsets
+    (code * scale + offset = (code - zero) * scale with zero = -offset / scale)."""
     k, n = codes.codes_KN.shape
     block, bits = codes.block_size, codes.bits
     blocks = codes.scale.shape[0]
@@ -149,4 +151,8 @@ def matmul_nbits_arrays(codes: WeightCodes) -> tuple[np.ndarray, np.ndarray, np.
     zeros = None
     if codes.zero_GN is not None:
         zeros = np.ascontiguousarray(pack_bits_k(codes.zero_GN, 4).T).reshape(-1)
+    elif codes.offset_GN is not None:
+        with np.errstate(divide="ignore", invalid="ignore"):  # a zero scale with a zero offset: any zero point
+            zero_GN = np.where(codes.scale == 0, 0, -codes.offset_GN / codes.scale).astype(np.float32)
+        zeros = np.ascontiguousarray(zero_GN.T).reshape(-1)
     return b, scales, zeros

@@ -27,7 +27,7 @@ from aviatorc.progress import stage
 from aviatorc.schedule.bound import BoundInputs, physical_bound
 from aviatorc.schedule.build import build_program
 from aviatorc.schedule.cold import cold_start
-from aviatorc.schedule.memory import MemoryPlan, plan_memory
+from aviatorc.schedule.memory import MemoryPlan, kv_beside_weights, plan_memory
 from aviatorc.schedule.model import ModelFacts, model_facts
 from aviatorc.schedule.ranges import figure_ranges
 from aviatorc.schedule.simulate import SimulationError, Timeline, simulate
@@ -52,6 +52,7 @@ def schedule(graph: Graph, placement: Placement, weights: Sequence[WeightSpec], 
     """Build the decode and prefill programs, simulate them, and judge them against the bound."""
     facts = facts or model_facts(graph, placement.tiles)
     allowed = tuple(sorted(chiplets if chiplets is not None else range(target.num_chiplets)))
+    memory = kv_beside_weights(memory, placement, facts, target)
     programs = {phase: build_program(facts, placement, target, memory, workload, phase, chiplets=allowed,
                                      prefetch=prefetch) for phase in ("decode", "prefill")}
     with stage(_logger, "simulating decode and prefill"):
@@ -149,11 +150,13 @@ def _sweep_point(facts: ModelFacts, placement: Placement, weights: Sequence[Weig
                             kv_dtype=memory.kv.dtype)
     except InfeasibleError as error:  # this point's activations or staging do not fit beside the weights
         return SweepPoint(batch, context, False, error.message)
-    if any(t > m for t, m in zip(trial.reserve_bytes, memory.reserve_bytes, strict=True)):
-        return SweepPoint(batch, context, False, "needs more SRAM beside the weights than this compile reserved")
     if memory.kv.location == "sram" and trial.kv.total_bytes <= memory.kv.total_bytes:
         trial = plan_memory(facts, placement.tiles, target, load, chiplets=allowed, kv="sram",
                             kv_dtype=memory.kv.dtype)
+    trial = kv_beside_weights(trial, placement, facts, target)
+    sram = target.chiplet.sram_bytes
+    if any(held + reserve > sram for held, reserve in zip(placement.chiplet_bytes, trial.reserve_bytes, strict=True)):
+        return SweepPoint(batch, context, False, "needs more SRAM beside the weights than this placement leaves")
     program = build_program(facts, placement, target, trial, load, "decode", chiplets=allowed, prefetch=prefetch)
     step = simulate(program, target, record=False).makespan_s
     bound: BoundFigures = physical_bound(weights, target, load, bound_inputs(facts, weights, target, trial),

@@ -306,11 +306,7 @@ def _lookup(data: dict[str, Any], key: str) -> Any:
 
 
 def _set_default(data: dict[str, Any], dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    node = data
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-    node.setdefault(parts[-1], value)
+    _set_dotted(data, dotted, value, replace=False)
 
 
 def _assumptions(data: dict[str, Any], file: str) -> tuple[Assumption, ...]:
@@ -418,9 +414,10 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any, *, replace: bool = True) -> None:
     parts = dotted.split(".")
     node = data
     for part in parts[:-1]:
         node = node.setdefault(part, {})
-    node[parts[-1]] = value
+    if replace or parts[-1] not in node:
+        node[parts[-1]] = value

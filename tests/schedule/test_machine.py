@@ -256,3 +256,49 @@ def test_predictions_come_with_the_range_their_assumptions_span(resident):
     assert token.most_sensitive == "runtime.per_layer_latency_s"  # resident: LPDDR bandwidth moves nothing
     assert token.sensitivity["card.lpddr_bytes_per_s"][0] == token.sensitivity["card.lpddr_bytes_per_s"][1]
     assert token.high == pytest.approx(token.nominal + 2 * (2e-6 - art.target.per_layer_latency_s), rel=1e-9)
+
+
+# -- homes beside the weights ---------------------------------------------------------------------
+
+
+def test_each_layers_home_and_kv_cache_sit_on_a_chiplet_computing_its_weights(tmp_path):
+    # Eight layers on two corsair cards: the caches were dealt round-robin before the weights were
+    # placed, so most layers had their home (and their hand-offs) away from their weights.
+    path = _config(tmp_path, num_hidden_layers=8, vocab_size=1024)
+    art = aviatorc.compile(str(path), target="corsair", cards=2, quant="int8", prompt=8, context=256,
+                           ranges=False, sweep=False)
+    plan = art.plan
+    assert plan.memory.kv_location == "sram"
+    computing: dict[int, set[int]] = {}
+    for tile in plan.tiles:
+        computing.setdefault(tile.layer, set()).add(tile.compute_chiplet)
+    homes = plan.memory.kv_layer_chiplets
+    assert len(homes) == 8
+    for layer, home in homes.items():
+        assert home in computing[layer], (layer, home, computing[layer])
+    # Each layer's cache buffer is where its attention runs.
+    decode = plan.programs["decode"]
+    for layer, home in homes.items():
+        assert decode.buffers[f"kv.{layer}"].chiplet == home
+
+
+def test_target_show_sensitivity_prints_each_assumptions_ends_for_an_artifact_and_a_model(resident, zoo_onnx,  # noqa: F811
+                                                                                          tmp_path, capsys):
+    from aviatorc.cli import main
+    from aviatorc.report.data import seconds
+
+    art, _ = resident
+    saved = art.save(tmp_path / "llama.avc", html_report=False)
+    assert main(["target", "show", "mock", "--sensitivity", str(saved)]) == 0
+    from_artifact = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line for line in from_artifact[2:]}
+    lo, hi = art.plan.prediction.ranges["time_per_token_s"].sensitivity["runtime.per_layer_latency_s"]
+    assert hi - lo == pytest.approx(2 * (2e-6 - 0.5e-6), rel=1e-9)  # two layers, the mock's 0.5-2 us
+    assert f"{seconds(lo)} / {seconds(hi)}" in rows["runtime.per_layer_latency_s"]
+    # The model source compiled here (the same options) gives the same table.
+    assert main(["target", "show", "mock", "--sensitivity", str(zoo_onnx("llama")), "--quant", "int8",
+                 "--prompt", "8"]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == from_artifact[1:]
+    # An artifact is judged on the target it was compiled for, not another one.
+    assert main(["target", "show", "corsair", "--sensitivity", str(saved)]) == 1
+    assert "was compiled for target 'mock'" in capsys.readouterr().err
