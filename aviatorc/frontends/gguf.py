@@ -83,7 +83,7 @@ def _converter() -> Iterator[None]:
     import gguf as converter
 
     readers: dict[str, Any] = {}
-    reader_class, name_map = converter.GGUFReader, converter.get_tensor_name_map
+    reader_class = converter.GGUFReader
 
     def reader(path: Any, *args: Any, **kwargs: Any) -> Any:
         key = str(Path(path).resolve())
@@ -93,12 +93,16 @@ def _converter() -> Iterator[None]:
             readers[key] = reader_class(path)
         return readers[key]
 
-    converter.GGUFReader, converter.get_tensor_name_map = reader, functools.cache(name_map)
+    shared = {"GGUFReader": reader, "get_tensor_name_map": functools.cache(converter.get_tensor_name_map)}
+    saved = {name: getattr(converter, name) for name in shared}
+    for name, value in shared.items():
+        setattr(converter, name, value)
     try:
         with _no_bars_off_a_terminal():
             yield
     finally:
-        converter.GGUFReader, converter.get_tensor_name_map = reader_class, name_map
+        for name, value in saved.items():
+            setattr(converter, name, value)
 
 
 @contextmanager
