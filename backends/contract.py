@@ -20,8 +20,8 @@ from __future__ import annotations
 import importlib
 import threading
 from collections import Counter
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -155,22 +155,47 @@ class WeightStore:
         self.names = set(artifact.tensor_names())
         self._tiles: dict[int, np.ndarray] = {}
         self._initializers: dict[str, np.ndarray | None] = {}
+        self._columns: dict[tuple[tuple[tuple[int, int, int], ...], np.dtype], np.ndarray] = {}
         self.tile_bytes_read = 0
 
     def tile(self, index: int) -> np.ndarray:
         """The tile's float32 [k1 - k0, n1 - n0] matrix (an embedding tile: its table rows)."""
         cached = self._tiles.get(index)
         if cached is None:
-            info = self.tiles[index]
-            name = tile_name(index)
-            arrays: list[np.ndarray | None] = [self.artifact.tensor(f"{name}.{role}")
-                                               if f"{name}.{role}" in self.names else None for role in ROLES]
-            while arrays and arrays[-1] is None:
-                arrays.pop()
-            self.tile_bytes_read += sum(a.nbytes for a in arrays if a is not None)
-            k, n = info.rows[1] - info.rows[0], info.cols[1] - info.cols[0]
-            cached = self._tiles[index] = np.asarray(dequantize_packed(info.format, arrays, k, n))
+            self.prefetch([index])
+            cached = self._tiles[index]
         return cached
+
+    def prefetch(self, indices: Iterable[int]) -> None:
+        """Read and dequantize the tiles `indices` not read yet, under one opening of the weights file."""
+        wanted = sorted(set(indices) - set(self._tiles))
+        stored = {i: [name if name in self.names else None for name in (f"{tile_name(i)}.{role}" for role in ROLES)]
+                  for i in wanted}
+        # One tile's arrays at a time, in the order asked for: the packed model is never all in memory.
+        with closing(self.artifact.tensors(name for i in wanted for name in stored[i] if name is not None)) as arrays:
+            for i in wanted:
+                info = self.tiles[i]
+                packed: list[np.ndarray | None] = [next(arrays)[1] if name is not None else None for name in stored[i]]
+                while packed and packed[-1] is None:
+                    packed.pop()
+                self.tile_bytes_read += sum(a.nbytes for a in packed if a is not None)
+                k, n = info.rows[1] - info.rows[0], info.cols[1] - info.cols[0]
+                self._tiles[i] = np.asarray(dequantize_packed(info.format, packed, k, n))
+
+    def columns(self, strips: tuple[tuple[int, int, int], ...], dtype: np.dtype) -> np.ndarray:
+        """Columns [a, b) of each tile of `strips` ((tile, a, b), ...) side by side, as one
+        contiguous matrix of `dtype`: the weight of one GEMM, cached for the session (a plan's
+        programs read the same strips)."""
+        key = (strips, np.dtype(dtype))
+        found = self._columns.get(key)
+        if found is None:
+            parts = [self.tile(t)[:, a:b] for t, a, b in strips]
+            if len(parts) == 1 and parts[0].dtype == dtype and parts[0].flags.c_contiguous:
+                found = parts[0]  # a whole tile at its own dtype: the tile itself, no second copy
+            else:
+                found = np.concatenate(parts, axis=1, dtype=dtype, casting="unsafe")
+            self._columns[key] = found
+        return found
 
     def initializer(self, name: str) -> np.ndarray | None:
         """An initializer's array: a constant printed in graph.ir, or `init.<name>` of the weights

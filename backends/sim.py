@@ -29,16 +29,18 @@ left live), a `recv` with no `send`, a value read where no instruction brought i
 The streams are walked by `aviatorc.plan.interpret.StreamInterpreter`, as the checker and the
 simulator walk them. A run that faults returns nothing.
 
-The first run of a program is the checked one: it executes every instruction as above and
-records, in the order it ran them, each computation it made (a kernel, a strip product, a table
-lookup, the assembly of parts) with the slots its operands came from. Every rule above depends
-only on the program, never on the values, so a run that keeps them once keeps them always; later
-runs replay the recorded computations on the new feeds, and the moves between chiplets (send,
-recv) and the buffer bookkeeping (load, wait, free) cost nothing there. The first run returns
-its replay's outputs as well (computed once more), so that the same feeds give the same outputs
-on every run: a replay runs the strip products that read one activation as one GEMM. What does depend on the
-values is still checked on every run: a kernel that fails on them, an index outside its table.
-`SimBackend(..., replay=False)` checks every run in full.
+Every rule above depends only on the program, never on the values, so a program that keeps
+them once keeps them always. The first run of a program therefore walks its instructions with
+every check but computes nothing: it records, in the order the walk meets them, the computations
+the instructions stand for (a kernel, a strip product, a table lookup, the assembly of parts),
+each with the slots its operands come from. That tape then runs on the feeds (the first run's
+outputs), and again on every later run's: the moves between chiplets (send, recv) and the buffer
+bookkeeping (load, wait, free) cost nothing there, and the strip products that read one
+activation run as one GEMM. So the first run costs a walk of the program (no arithmetic) more
+than a later one, and gives the same outputs for the same feeds. What does depend on the values
+is checked on every run: a kernel that fails on them (named by stream and step), an index outside
+its table. `SimBackend(..., replay=False)` computes as it checks, on every run (the cuda and the
+rank backends build on that: their runs do more than compute).
 
 Not handled: tiles that split a MatMul weight's K rows (the partitioner cuts column strips).
 """
@@ -114,7 +116,6 @@ class SimBackend:
         self.sends = frozenset(sends)
         self.attrs = {n.name: self._attrs(n) for n in graph.nodes}
         self.kernels = {n.name: get_op(n.op).kernel for n in graph.nodes}
-        self._strips: dict[tuple[int, int, int], np.ndarray] = {}
         self.precedence = Precedence()  # a session shares one across its programs' backends
 
     # -- set-up --------------------------------------------------------------------------
@@ -128,14 +129,6 @@ class SimBackend:
         attrs = get_op(node.op).resolve_attrs(node.attrs, node.name)
         attrs["_num_outputs"] = len(node.outputs)
         return attrs
-
-    def strip(self, tile: int, a: int, b: int, dtype: np.dtype) -> np.ndarray:
-        """Columns [a, b) of a tile's dequantized matrix, contiguous, cached for the session."""
-        key = (tile, a, b)
-        found = self._strips.get(key)
-        if found is None:
-            found = self._strips[key] = np.ascontiguousarray(self.weights.tile(tile)[:, a:b], dtype=dtype)
-        return found
 
     def _output(self, name: str) -> Value:
         node = self.nodes[name]
@@ -153,10 +146,7 @@ class SimBackend:
         slots = run.output_slots()
         if run.tape is None:
             return {name: run.env[slot] for name, slot in slots.items()}, run.counts
-        self._replay = _Replay(run, slots)
-        self._strips.clear()  # the replay holds the strips it reads (fused ones in one matrix each)
-        # The first run's outputs are the replay's too: fused products may round differently from
-        # the checked run's strips, and the same feeds must give the same outputs on every run.
+        self._replay = _Replay(run, slots, self.weights)
         return self._replay.run(feeds, self.precedence.checkpoint)
 
     def fault(self, c: int, step: int, rule: str, message: str, **fields: Any) -> RuntimeFault:
@@ -215,7 +205,8 @@ class _Run(StreamInterpreter):
         self.mailbox: dict[tuple[ValueRef, int, int], int] = {}
         self.counts = RunCounts()
         self.ops = Counter[str]()
-        self.tape: list[_Op] | None = [] if backend.replay else None  # the computations, for replays
+        # A replaying backend's run walks the program without computing: the tape is what it records.
+        self.tape: list[_Op] | None = [] if backend.replay else None
 
     def _rule_fault(self, rule: str, message: str, c: int, step: int) -> RuntimeFault:
         return self.b.fault(c, step, rule, message)
@@ -227,13 +218,15 @@ class _Run(StreamInterpreter):
         self.env.append(array)
         return len(self.env) - 1
 
-    def _apply(self, fn: Any, static: tuple[Any, ...], slots: tuple[int, ...], many: bool = False) -> Any:
-        """`fn(*static, *arrays of slots)` into new slots (a list of them if `many`), recorded on the tape."""
-        result = fn(*static, *[self.env[s] for s in slots])
-        out: Any = [self._new(array) for array in result] if many else self._new(result)
+    def _apply(self, fn: Any, static: tuple[Any, ...], slots: tuple[int, ...], many: int = 0) -> Any:
+        """`fn(*static, *arrays of slots)` into a new slot, or into `many` new slots (a list) for a
+        list of results. On a walk that records the tape, the slots stay empty: the replay fills them."""
         if self.tape is not None:
-            self.tape.append((fn, static, slots, out, many))
-        return out
+            out: Any = [self._new(None) for _ in range(many)] if many else self._new(None)
+            self.tape.append((fn, static, slots, out, bool(many)))
+            return out
+        result = fn(*static, *[self.env[s] for s in slots])
+        return [self._new(array) for array in result] if many else self._new(result)
 
     def execute(self) -> None:
         self.run()
@@ -429,7 +422,7 @@ class _Run(StreamInterpreter):
 
     def _whole(self, c: int, step: int, node: Node) -> None:
         slots = tuple(self._slot(c, step, v.name) if v is not None else 0 for v in node.inputs)
-        outs = self._apply(self.b.kernel, (c, step, node), slots, many=True)
+        outs = self._apply(self.b.kernel, (c, step, node), slots, many=len(node.outputs))
         values = self.chiplets[c].values
         for value, slot in zip(node.outputs, outs):
             values[value.name] = slot
@@ -456,8 +449,10 @@ class _Run(StreamInterpreter):
 
     def _strip_product(self, c: int, buf: str, x: int, tile: int, a: int, b: int, dtype: np.dtype) -> int:
         """The slot of env[x] @ columns [a, b) of the tile in buffer `buf`: the kernel of a MatMul
-        column strip, the one a backend with its own memory replaces (the checks around it stay the sim's)."""
-        return self._apply(_product, (self.b.strip(tile, a, b, dtype),), (x,))
+        column strip, the one a backend with its own memory replaces (the checks around it stay the sim's).
+        The tape names the strip; the replay reads it (with the strips it runs beside in one matrix)."""
+        strip = _Strip(tile, a, b, dtype) if self.tape is not None else self.b.weights.columns(((tile, a, b),), dtype)
+        return self._apply(_product, (strip,), (x,))
 
     def _gather_part(self, c: int, step: int, node: Node, buf: str, tile: int, start: int, stop: int) -> int:
         info = self.b.weights.tiles[tile]
@@ -506,15 +501,25 @@ class _Run(StreamInterpreter):
 _Op = tuple[Any, tuple[Any, ...], tuple[int, ...], Any, bool]  # fn, static arguments, operand slots, result slot(s), many
 
 
+@dataclass(frozen=True)
+class _Strip:
+    """Columns [a, b) of weight tile `tile` as `dtype`: the weight of a strip product on the tape."""
+
+    tile: int
+    a: int
+    b: int
+    dtype: np.dtype
+
+
 class _Replay:
     """A checked run's computations, in the order it made them, to run again on new feeds.
 
-    The slots the recorded run filled with feeds or with results are empty in the template; the
-    others hold its constants (initializers, empty KV parts)."""
+    The slots of feeds and results are empty in the template; the others hold the walk's
+    constants (initializers, empty KV parts)."""
 
-    def __init__(self, run: _Run, outputs: dict[str, int]) -> None:
+    def __init__(self, run: _Run, outputs: dict[str, int], weights: WeightStore) -> None:
         assert run.tape is not None
-        self.ops = _fuse_products(run.tape)
+        self.ops = _read_strips(run.tape, weights)
         self.feeds = run.feeds
         self.outputs = outputs
         self.counts = run.counts
@@ -558,27 +563,34 @@ def _products(w_kn: np.ndarray, bounds: tuple[tuple[int, int], ...], x: np.ndarr
     return [y[..., a:b] for a, b in bounds]
 
 
-def _fuse_products(ops: list[_Op]) -> list[_Op]:
-    """The strip products that read the same activation (one weight's strips across chiplets, or
-    q, k and v of one norm) as one GEMM over their strips side by side, at the first one's place:
-    a product depends on its activation alone, so each result only becomes ready earlier. One
-    wide GEMM reads the weights at a higher rate than many narrow ones."""
+def _read_strips(ops: list[_Op], weights: WeightStore) -> list[_Op]:
+    """The tape with its strip products' weights read, and the products that read the same
+    activation (one weight's strips across chiplets, or q, k and v of one norm) as one GEMM over
+    their strips side by side, at the first one's place: a product depends on its activation
+    alone, so each result only becomes ready earlier. One wide GEMM reads the weights at a higher
+    rate than many narrow ones. The side-by-side matrices are the weight store's, which the
+    programs of a session share."""
+    weights.prefetch(static[0].tile for fn, static, _, _, _ in ops if fn is _product)
     groups: dict[tuple[int, np.dtype, int], list[int]] = {}
     for i, (fn, static, slots, _, _) in enumerate(ops):
         if fn is _product:
-            groups.setdefault((slots[0], static[0].dtype, static[0].shape[0]), []).append(i)
-    fused: dict[int, _Op] = {}
+            strip: _Strip = static[0]
+            rows = weights.tiles[strip.tile].rows
+            groups.setdefault((slots[0], strip.dtype, rows[1] - rows[0]), []).append(i)
+    read: dict[int, _Op] = {}
     dropped: set[int] = set()
-    for members in groups.values():
-        if len(members) < 2:
+    for (_, dtype, _), members in groups.items():
+        strips: list[_Strip] = [ops[i][1][0] for i in members]
+        w_kn = weights.columns(tuple((s.tile, s.a, s.b) for s in strips), dtype)
+        first = ops[members[0]]
+        if len(members) == 1:
+            read[members[0]] = (_product, (w_kn,), first[2], first[3], False)
             continue
-        strips = [ops[i][1][0] for i in members]
-        edges = np.cumsum([0] + [w.shape[1] for w in strips]).tolist()
-        bounds = tuple(zip(edges[:-1], edges[1:]))
-        fused[members[0]] = (_products, (np.concatenate(strips, axis=1), bounds), ops[members[0]][2],
-                             [ops[i][3] for i in members], True)
+        edges = np.cumsum([0] + [s.b - s.a for s in strips]).tolist()
+        read[members[0]] = (_products, (w_kn, tuple(zip(edges[:-1], edges[1:]))), first[2],
+                            [ops[i][3] for i in members], True)
         dropped.update(members[1:])
-    return [fused.get(i, op) for i, op in enumerate(ops) if i not in dropped]
+    return [read.get(i, op) for i, op in enumerate(ops) if i not in dropped]
 
 
 def _columns(*parts: np.ndarray) -> np.ndarray:

@@ -36,7 +36,7 @@ def load_gguf_model(path: str | Path) -> Any:
     from transformers import AutoModelForCausalLM
 
     try:
-        with _no_bars_off_a_terminal():
+        with _converter():
             model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
                                                          local_files_only=True)
     except (OSError, ValueError, KeyError, RuntimeError) as error:
@@ -63,11 +63,46 @@ def load_gguf_tokenizer(path: str | Path) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        with _no_bars_off_a_terminal():
+        with _converter():
             return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
     except (OSError, ValueError, KeyError, RuntimeError) as error:
         raise ModelFormatError(f"cannot read the tokenizer in the GGUF file: {str(error).splitlines()[0]}",
                                file=str(path)) from None
+
+
+@contextmanager
+def _converter() -> Iterator[None]:
+    """transformers' GGUF converter, for one load: each file parsed once, each name map built once,
+    and no progress bars off a terminal.
+
+    The converter parses the file's header again for the config and for the weights (the
+    tokenizer's vocabulary makes that the slow part), and builds gguf's tensor name map again for
+    every submodule it walks (397 times for SmolLM2-135M): together most of a GGUF import.
+    Readers and maps are read-only, so one of each serves the whole load. The converter imports
+    both from `gguf` at each call, so they are swapped there, for the load only."""
+    import gguf as converter
+
+    readers: dict[str, Any] = {}
+    reader_class = converter.GGUFReader
+
+    def reader(path: Any, *args: Any, **kwargs: Any) -> Any:
+        key = str(Path(path).resolve())
+        if args or kwargs:  # a mode other than the converter's plain read: not shared
+            return reader_class(path, *args, **kwargs)
+        if key not in readers:
+            readers[key] = reader_class(path)
+        return readers[key]
+
+    shared = {"GGUFReader": reader, "get_tensor_name_map": functools.cache(converter.get_tensor_name_map)}
+    saved = {name: getattr(converter, name) for name in shared}
+    for name, value in shared.items():
+        setattr(converter, name, value)
+    try:
+        with _no_bars_off_a_terminal():
+            yield
+    finally:
+        for name, value in saved.items():
+            setattr(converter, name, value)
 
 
 @contextmanager

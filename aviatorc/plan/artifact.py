@@ -39,7 +39,7 @@ import re
 import shutil
 import stat
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -217,17 +217,22 @@ class Artifact:
 
     def tensor(self, name: str) -> np.ndarray:
         """One stored array (a tile's packed values, scales, ...; or an initializer)."""
+        return dict(self.tensors([name]))[name]
+
+    def tensors(self, names: Iterable[str]) -> Generator[tuple[str, np.ndarray], None, None]:
+        """Stored arrays by name, from the verified weights bytes (their header parsed once)."""
         if self.store is None:
             raise OptionError("this artifact was compiled shape-only and holds no weights",
                               file=str(self.path), hint="compile from a model with weights")
-        if name not in self.store:
-            raise ArtifactError(f"no tensor '{name}' in {WEIGHTS}", file=str(self.path))
-        array = self.store.get(name)
-        if self.plan.tensor_dtypes.get(name) == _BF16:
-            import ml_dtypes
+        for name in names:
+            if name not in self.store:
+                raise ArtifactError(f"no tensor '{name}' in {WEIGHTS}", file=str(self.path))
+            array = self.store.get(name)
+            if self.plan.tensor_dtypes.get(name) == _BF16:
+                import ml_dtypes
 
-            array = array.view(ml_dtypes.bfloat16)
-        return array
+                array = array.view(ml_dtypes.bfloat16)
+            yield name, array
 
     def target(self) -> Any:
         """The resolved target the plan was compiled for, from target.toml's verified bytes."""

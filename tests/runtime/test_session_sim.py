@@ -16,6 +16,8 @@ import hashlib
 import json
 import re
 import shutil
+import statistics
+import time
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +40,10 @@ ORT_ATOL = 1e-4
 # same numpy kernel, so only a matmul split into column strips can reorder float32 sums
 # (~1e-7 relative; measured 0.0). 1e-5 leaves margin for BLAS builds that block differently.
 QUANT_ATOL = 1e-5
+# The first run of a session against a replay, on the tiny llama: about 5x here (reading the
+# weights and walking the program dominate a model this small), 22-34x for the first run that
+# computed as it checked and then replayed.
+RATIO_FIRST_TO_REPLAY = 12
 
 
 def target_file(tmp: Path, sram_bytes: int) -> Path:
@@ -341,6 +347,50 @@ def test_later_runs_replay_the_checked_run_and_give_a_checked_runs_outputs(key, 
     assert not np.allclose(seen[1], seen[2]), "a replay must compute its own feeds' outputs"
     for arrays, first in zip(fed, seen):  # the same feeds, the same outputs, the checked run's included
         np.testing.assert_array_equal(next(iter(replaying.run(arrays)[0].values())), first)
+
+
+@pytest.mark.parametrize("key", ["llama", "llama:int8-stream"])
+def test_the_first_run_computes_each_kernel_once(key, compiled, monkeypatch):
+    """The first run walks the program with its checks and computes nothing there: it costs as
+    many kernel calls as a replay, not a checked computation and then a replay (issue 26)."""
+    from aviatorc.backends.sim import SimBackend
+
+    calls: list[str] = []
+    kernel = SimBackend.kernel
+
+    def counted(self, c, step, node, *ins):
+        calls.append(node.name)
+        return kernel(self, c, step, node, *ins)
+
+    monkeypatch.setattr(SimBackend, "kernel", counted)
+    session = Session(compiled(key))
+    first = session.run(feeds_of("llama"))
+    first_calls = list(calls)
+    calls.clear()
+    again = session.run(feeds_of("llama"))
+    assert first_calls and first_calls == calls
+    for name in first:
+        np.testing.assert_array_equal(first[name], again[name])
+
+
+@pytest.mark.parametrize("key", ["llama:int4", "llama:int8-stream"])
+def test_the_first_run_costs_little_more_than_a_replay(key, compiled):
+    """Ratios in one process, no absolute times: the first run of a fresh session (reading the
+    weights, walking the program with its checks, then running the tape) against a replay. A
+    first run that computed as it checked and then replayed cost 4x a replay on SmolLM2 (issue 26)."""
+    feeds = feeds_of("llama")
+    firsts, replays = [], []
+    for _ in range(3):
+        session = Session(compiled(key))
+        start = time.perf_counter()
+        session.run(feeds)
+        firsts.append(time.perf_counter() - start)
+        for _ in range(3):
+            start = time.perf_counter()
+            session.run(feeds)
+            replays.append(time.perf_counter() - start)
+    ratio = min(firsts) / statistics.median(replays)
+    assert ratio < RATIO_FIRST_TO_REPLAY, f"the first run took {ratio:.1f}x a replay"
 
 
 def test_a_fault_that_depends_on_the_values_is_caught_in_a_replay_too(compiled):
