@@ -64,6 +64,28 @@ converts("aten.sub")(_arith("Sub"))
 converts("aten.mul")(_arith("Mul"))
 
 
+def _in_place(convert: Any) -> Any:
+    """An in-place op (`add_`) as its functional form, when no later node reads the tensor it
+    overwrote (`out.add_(bias)` in transformers' experts, Llama 4's `out.add_(routed)`); else
+    unsupported, as the later reader would need the written value."""
+
+    def converted(cx: Lowering, node: Any) -> Value:
+        target = node.args[0]
+        later = node.next
+        while later.op != "root":
+            if later in target.users:
+                raise Unsupported(f"{node.target} on a tensor read again afterwards ('{later.name}')")
+            later = later.next
+        return convert(cx, node)  # type: ignore[no-any-return]
+
+    return converted
+
+
+converts("aten.add_")(_in_place(_arith("Add")))
+converts("aten.sub_")(_in_place(_arith("Sub")))
+converts("aten.mul_")(_in_place(_arith("Mul")))
+
+
 @converts("aten.rsub")
 def rsub(cx: Lowering, node: Any) -> Value:
     """rsub(self, other, alpha): other - alpha * self."""
@@ -92,6 +114,9 @@ def div(cx: Lowering, node: Any) -> Value:
     if dtype.startswith(("int", "uint")):
         return _floor_div_int(cx, x, y)
     return cx.op("Floor", [cx.op("Div", [x, y])])
+
+
+converts("aten.div_")(_in_place(div))
 
 
 def _floor_div_int(cx: Lowering, x: Value, y: Value) -> Value:

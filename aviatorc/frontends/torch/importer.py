@@ -26,7 +26,7 @@ one `UnsupportedOpsError`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -59,6 +59,7 @@ class _Poisoned:
 
 
 POISONED = _Poisoned()
+_ABSENT = object()
 
 
 @dataclasses.dataclass
@@ -326,6 +327,24 @@ class Lowering:
             w.transposed = self.graph.add_initializer(name, type, data)
         return w.transposed
 
+    def convert_with(self, node: Any, converter: Converter, values: Mapping[Any, Any]) -> Any:
+        """`converter` run on `node` with the inputs in `values` read as given (the rest from the
+        walk), its result settled against torch's meta value; the walk's state is left as it was.
+        The MoE lowering re-emits an expert's gate this way, once per expert."""
+        saved = {arg: self.env.get(arg, _ABSENT) for arg in values}
+        node_before = self.node
+        self.env.update(values)
+        self.node = node
+        try:
+            return _settle(self, node, converter(self, node))
+        finally:
+            for arg, value in saved.items():
+                if value is _ABSENT:
+                    del self.env[arg]
+                else:
+                    self.env[arg] = value
+            self.node = node_before
+
     def weight_or_none(self, arg: Any) -> _Weight | None:
         """The weight an FX argument names directly, else None."""
         import torch.fx
@@ -431,9 +450,13 @@ Converter = Callable[[Lowering, Any], Any]
 
 
 def lower_program(ep: Any, table: Mapping[str, Converter], *, shape_only: bool,
-                  symbol_names: Mapping[str, str], name: str = "main") -> Graph:
-    """Convert an ExportedProgram to an IR graph (not yet verified)."""
+                  symbol_names: Mapping[str, str], name: str = "main", blocks: Sequence[Any] = ()) -> Graph:
+    """Convert an ExportedProgram to an IR graph (not yet verified). `blocks` are the program's
+    MoE blocks (`moe.find_blocks`): each is lowered as a whole at its output node, and none of
+    its other nodes is converted on its own."""
     from torch.export.graph_signature import InputKind
+
+    from aviatorc.frontends.torch.moe import emit_block
 
     graph = Graph(name)
     cx = Lowering(graph, shape_only=shape_only, symbol_names=symbol_names)
@@ -441,6 +464,7 @@ def lower_program(ep: Any, table: Mapping[str, Converter], *, shape_only: bool,
     state = {**ep.state_dict, **ep.constants}
     unsupported: dict[str, list[Any]] = {}
     fx_nodes = list(ep.graph.nodes)
+    owner = {n: block for block in blocks for n in block.nodes}
 
     for node in fx_nodes:
         cx.node = node
@@ -471,6 +495,19 @@ def lower_program(ep: Any, table: Mapping[str, Converter], *, shape_only: bool,
         if node.op != "call_function":
             _record(unsupported, f"{node.op} {node.target}", node)
             cx.env[node] = POISONED
+            continue
+        if node in owner:
+            if node is not owner[node].output:
+                cx.env[node] = POISONED  # lowered with its block (which checked that nothing else reads it)
+                continue
+            try:
+                cx.node = node
+                cx.env[node] = _settle(cx, node, emit_block(cx, owner[node], table))
+            except _PoisonedInput:
+                cx.env[node] = POISONED
+            except Unsupported as error:
+                _record(unsupported, error.key, node)
+                cx.env[node] = POISONED
             continue
         scalar = _scalar_result(node)
         if scalar is not None:
@@ -511,10 +548,13 @@ def _scalar_result(node: Any) -> Any:
     return Sym(expr)
 
 
-def unconvertible(ep: Any, table: Mapping[str, Converter]) -> dict[str, tuple[int, str]]:
-    """Ops of `ep` without a converter: {op: (count, first node)} (before any conversion)."""
+def unconvertible(ep: Any, table: Mapping[str, Converter], skip: Collection[Any] = ()) -> dict[str, tuple[int, str]]:
+    """Ops of `ep` without a converter, outside the nodes in `skip` (those of MoE blocks):
+    {op: (count, first node)} (before any conversion)."""
     found: dict[str, list[Any]] = {}
     for node in ep.graph.nodes:
+        if node in skip:
+            continue
         if node.op == "call_function" and _scalar_result(node) is None and op_key(node.target) not in table:
             _record(found, str(node.target), node)
     return {k: (len(v), v[0].name) for k, v in found.items()}
