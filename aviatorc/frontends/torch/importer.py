@@ -48,6 +48,18 @@ class Unsupported(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
+class Complex:
+    """A complex tensor as its real and imaginary parts (the IR has no complex element type):
+    Llama 4's rotary multiplies `view_as_complex` pairs by `polar` frequencies (`aten_complex`)."""
+
+    re: Value
+    im: Value
+
+
+REAL_PARTS = {"torch.complex64": "float32", "torch.complex128": "float64"}
+
+
+@dataclasses.dataclass(frozen=True)
 class Sym:
     """A symbolic integer (a SymInt's sympy expression) not yet materialized as a tensor."""
 
@@ -327,16 +339,18 @@ class Lowering:
             w.transposed = self.graph.add_initializer(name, type, data)
         return w.transposed
 
-    def convert_with(self, node: Any, converter: Converter, values: Mapping[Any, Any]) -> Any:
+    def convert_with(self, node: Any, converter: Converter, values: Mapping[Any, Any], *, settle: bool = True) -> Any:
         """`converter` run on `node` with the inputs in `values` read as given (the rest from the
-        walk), its result settled against torch's meta value; the walk's state is left as it was.
-        The MoE lowering re-emits an expert's gate this way, once per expert."""
+        walk), its result settled against torch's meta value unless `settle` is False; the walk's
+        state is left as it was. The MoE lowering re-emits an expert's gate this way, once per
+        expert; complex values are converted a part at a time this way."""
         saved = {arg: self.env.get(arg, _ABSENT) for arg in values}
         node_before = self.node
         self.env.update(values)
         self.node = node
         try:
-            return _settle(self, node, converter(self, node))
+            result = converter(self, node)
+            return _settle(self, node, result) if settle else result
         finally:
             for arg, value in saved.items():
                 if value is _ABSENT:
@@ -520,6 +534,11 @@ def lower_program(ep: Any, table: Mapping[str, Converter], *, shape_only: bool,
             cx.env[node] = POISONED
             continue
         try:
+            if any(isinstance(cx.env.get(arg), Complex) for arg in node.all_input_nodes):
+                from aviatorc.frontends.torch.aten_complex import convert_complex
+
+                cx.env[node] = convert_complex(cx, node, converter)
+                continue
             result = converter(cx, node)
         except _PoisonedInput:
             cx.env[node] = POISONED
@@ -586,22 +605,28 @@ def op_key(target: Any) -> str:
 def _settle(cx: Lowering, node: Any, result: Any) -> Any:
     """Reconcile a converter's result with torch's meta value: fill dims, fix dtypes."""
     val = node.meta.get("val")
+    if isinstance(result, Complex) and _is_tensor(val) and val.is_complex():
+        want = TensorType(REAL_PARTS[str(val.dtype)], tuple(cx.dim(d) for d in val.shape))
+        return Complex(_settle_value(cx, node, result.re, want), _settle_value(cx, node, result.im, want))
     if isinstance(result, Value) and _is_tensor(val):
-        want = cx.tensor_type(val)
-        if result.type.rank != want.rank:
-            raise RuntimeError(
-                f"converter for {node.target} at '{node.name}' gave rank {result.type.rank}, torch says {want}"
-            )
-        if result.type.dtype != want.dtype:
-            result = cx.cast(result, want.dtype)
-        merged = merge_type(result.type, want)
-        if merged != result.type and result.producer is not None:
-            result.type = merged  # only fills dims the rule could not know
-        return result
+        return _settle_value(cx, node, result, cx.tensor_type(val))
     if isinstance(result, (list, tuple)) and isinstance(val, (list, tuple)):
         return [_settle_item(cx, node, r, v) for r, v in zip(result, val, strict=False)]
     if result is None and _expr(val) is not None:
         return Sym(_expr(val))
+    return result
+
+
+def _settle_value(cx: Lowering, node: Any, result: Value, want: TensorType) -> Value:
+    if result.type.rank != want.rank:
+        raise RuntimeError(
+            f"converter for {node.target} at '{node.name}' gave rank {result.type.rank}, torch says {want}"
+        )
+    if result.type.dtype != want.dtype:
+        result = cx.cast(result, want.dtype)
+    merged = merge_type(result.type, want)
+    if merged != result.type and result.producer is not None:
+        result.type = merged  # only fills dims the rule could not know
     return result
 
 
