@@ -264,7 +264,8 @@ def _check_value(key: str, value: Any, spec: Field) -> None:
 
 
 def _check_rope(key: str, rope: Any) -> None:
-    """rope_scaling / rope_parameters: null or an object with a string type and finite numbers."""
+    """rope_scaling / rope_parameters: null or an object with a string type and finite numbers
+    (flags such as YaRN's `truncate` in gpt-oss's config are true or false)."""
     if rope is None:
         return
     if not isinstance(rope, dict):
@@ -273,7 +274,7 @@ def _check_rope(key: str, rope: Any) -> None:
     if not isinstance(kind, str):
         raise _refuse(f"{key} type must be a string", field=key)
     for name, value in rope.items():
-        if name in ("rope_type", "type"):
+        if name in ("rope_type", "type") or isinstance(value, bool):
             continue
         numbers = value if isinstance(value, list) else [value]
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers):

@@ -59,20 +59,37 @@ def build_meta_model(config: dict[str, Any], *, on_meta: bool = True, seed: int 
 
     hf_config.check_fields(config)
     cfg, model_class = hf_config.check_with_transformers(config)
-    cfg._attn_implementation = "sdpa"  # one aten.scaled_dot_product_attention per layer
-    context = torch.device("meta") if on_meta else _seeded(seed)
-    with context:
-        if model_class is not None:
-            model = model_class(cfg)
-        elif config["model_type"] in ENCODERS:
-            model = transformers.AutoModel.from_config(cfg)
-        else:
+
+    def build(attention: str) -> torch.nn.Module:
+        cfg._attn_implementation = attention
+        with torch.device("meta") if on_meta else _seeded(seed):
+            if model_class is not None:
+                return model_class(cfg)  # type: ignore[no-any-return]
+            if config["model_type"] in ENCODERS:
+                return transformers.AutoModel.from_config(cfg)
             try:
-                model = transformers.AutoModelForCausalLM.from_config(cfg)
-            except ValueError:
-                model = transformers.AutoModel.from_config(cfg)
+                return transformers.AutoModelForCausalLM.from_config(cfg)
+            except ValueError as error:
+                if _refuses(error, attention):
+                    raise
+                return transformers.AutoModel.from_config(cfg)
+
+    try:
+        model = build("sdpa")  # one aten.scaled_dot_product_attention per layer
+    except ValueError as error:
+        if not _refuses(error, "sdpa"):
+            raise
+        # gpt-oss (attention sinks) and Gemma-2 (soft-capping) refuse SDPA: their eager attention
+        # is plain matmuls, masks and a softmax, which import as they are.
+        model = build("eager")
     hf_config.check_built(model)
     return model.eval()
+
+
+def _refuses(error: ValueError, attention: str) -> bool:
+    """Whether transformers refused the attention implementation (not some other config value)."""
+    names = {"sdpa": "scaled_dot_product_attention"}
+    return "does not support an attention implementation" in str(error) and names.get(attention, attention) in str(error)
 
 
 def _seeded(seed: int) -> Any:

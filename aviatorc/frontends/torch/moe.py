@@ -216,6 +216,15 @@ def _param(node: Any, params: Mapping[str, str]) -> tuple[Any, bool] | None:
     return node, transposed
 
 
+def _weight_chain(node: Any) -> list[Any]:
+    """The casts and transposes between a stacked weight and the matmul reading it."""
+    chain = []
+    while _key(node) in ("aten.transpose", "aten.to", "aten._to_copy", "aten._assert_tensor_metadata"):
+        chain.append(node)
+        node = node.args[0]
+    return chain
+
+
 def _grouped_blocks(nodes: list[Any], params: Mapping[str, str], position: Mapping[Any, int]) -> list[Block]:
     by_offsets: dict[Any, list[Any]] = {}
     for node in nodes:
@@ -272,7 +281,7 @@ def _grouped_block(offsets: Any, mms: list[Any], params: Mapping[str, str], posi
         roles[view] = Role("pass")
     router = find_router([ids, weights], name, position)
     region = (_descendants(router.nodes | {ids, weights}) & (_ancestors([output]) | {output})) | {
-        n for n in _ancestors(mms) if _param(n, params) is not None and n.op != "placeholder"}
+        n for mm in mms for n in _weight_chain(mm.args[1])}
     region -= _ancestors([hidden]) | {hidden}
     del top_k  # the combine's sum over the k slots is what it replaces; the router knows k
     return _block(name, router, hidden, num_experts, roles, region | router.nodes, output, 1, position)
@@ -353,7 +362,8 @@ def _dense_blocks(nodes: list[Any], params: Mapping[str, str], position: Mapping
                 roles[current] = Role("unstack" if first else "pass")
                 first = False
         router = find_router([scores], name, position)
-        region = (_descendants(router.nodes | {scores, repeat}) & (_ancestors([output]) | {output})) | {repeat}
+        region = (_descendants(router.nodes | {scores, repeat}) & (_ancestors([output]) | {output})) | {repeat} | {
+            n for mm in chain for n in _weight_chain(mm.args[1])}
         hidden = repeat.args[0]
         blocks.append(_block(name, router, hidden, num_experts, roles, region | router.nodes, output, 0, position))
     return blocks
