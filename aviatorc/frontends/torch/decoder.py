@@ -100,7 +100,8 @@ def cache_shapes(model: Any) -> list[tuple[int, int]]:
         model(input_ids=ids, cache=cache, use_cache=True)
     shapes = []
     for layer in cache.layers:
-        for tensor in (layer.keys, layer.values):  # type: ignore[attr-defined]
+        layer_any: Any = layer  # a DynamicLayer: keys and values [batch, heads, seq, width]
+        for tensor in (layer_any.keys, layer_any.values):
             shapes.append((int(tensor.shape[1]), int(tensor.shape[3])))
     return shapes
 
