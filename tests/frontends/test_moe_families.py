@@ -132,3 +132,22 @@ def test_a_routing_it_does_not_know_is_refused_with_its_ops(monkeypatch):
     with pytest.raises(UnsupportedModelError, match=r"router uses relu -> topk; supported: softmax or sigmoid") as info:
         import_torch(model, {"input_ids": torch.from_numpy(ids()), "use_cache": False})
     assert "model.layers.0.mlp.experts" in str(info.value) and info.value.node == "relu"
+
+
+@pytest.mark.parametrize("field, value, supported", [("topk_method", "greedy", "'noaux_tc'"),
+                                                     ("scoring_func", "softmax", "'sigmoid'")])
+def test_a_config_asking_for_a_routing_transformers_does_not_build_is_refused(field, value, supported, tmp_path):
+    """DeepSeek-V2-style routing in a deepseek_v3 config: transformers' model would ignore the field
+    and route as V3 does, a different model."""
+    import json
+
+    from aviatorc.cli import main
+
+    config = zoo.family_config("deepseek_v3") | {field: value}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModelError, match=rf"router uses {field} '{value}'; supported: {supported}") as info:
+        import_hf_config(path)
+    assert info.value.fields["field"] == field and info.value.file == str(path)
+    assert main(["compile", str(path), "--target", "mock", "-o", str(tmp_path / "out.avc")]) != 0
+    assert not (tmp_path / "out.avc").exists()
