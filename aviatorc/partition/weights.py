@@ -48,7 +48,9 @@ from aviatorc.partition.tiling import Part, WeightSpec
 _LAYER = re.compile(r"(?:^|[._/])(?:layers|layer|h|blocks)[._/](\d+)(?:[._/]|$)")
 _ROLES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head",
                     "c_attn", "c_proj", "c_fc", "qkv_proj", "gate_up_proj", "dense", "fc1", "fc2", "query", "key",
-                    "value", "query_key_value", "embed_tokens", "wte"})
+                    "value", "query_key_value", "embed_tokens", "wte",
+                    # multi-head latent attention (DeepSeek-V3): the latent KV projection and the query's up-projection
+                    "kv_a_proj_with_mqa", "q_b_proj"})
 _COMPONENT = re.compile(r"[./:]")
 # Roles whose weight fuses several projections, and what its parts are called.
 _FUSED_PARTS = {3: ("q", "k", "v"), 2: ("gate", "up")}

@@ -59,3 +59,7 @@ def test_with_latent_attention_the_cache_holds_the_latent(compiled):
         # layer, where per-head K and V would hold heads x (qk_nope + qk_rope + v) = 4 x 20
         assert inputs[f"past_key_values.{layer}.key"][1::2] == (1, cfg["kv_lora_rank"])
         assert inputs[f"past_key_values.{layer}.value"][1::2] == (1, cfg["qk_rope_head_dim"])
+    # the plan sizes the cache from the latent too: layers x (latent + rotary key) x context x batch x 2 bytes
+    memory = session.artifact.report["plan"]["memory"]
+    width = cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]
+    assert memory["kv_bytes"] == cfg["num_hidden_layers"] * width * (PROMPT + NEW_TOKENS) * 1 * 2
