@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from aviatorc.partition.problem import Problem, compute_chiplets, group_cost_ps, handoff_ps, total_cost
+from aviatorc.partition.problem import Problem, compute_of, group_cost_ps, handoff_ps, total_cost
 
 
 def spreads(problem: Problem) -> list[int]:
@@ -75,8 +75,7 @@ def greedy_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[in
 
 def _root(problem: Problem, where: Sequence[int], members: Sequence[int]) -> int:
     """The lowest chiplet computing one of `members` (-1 when none is placed)."""
-    chips = [c for c in compute_chiplets(problem, where, members) if c >= 0]
-    return min(chips) if chips else -1
+    return min(compute_of(problem, where, members).values(), default=-1)
 
 
 def _anchors(problem: Problem, tiles: Sequence[int], placed: Sequence[int] | None) -> dict[int, int]:
@@ -141,19 +140,24 @@ def _place_by_group(problem: Problem, tiles: Sequence[int], free_bytes: Sequence
                 if (home, None) not in blocks:
                     blocks.append((home, None))
             for block, cards in blocks:
-                trial_where, trial_free, trial_stream = list(where), list(free), list(stream)
-                _fill(problem, members[g], trial_where, trial_free, trial_stream, block, cards)
-                cost = group_cost_ps(problem, trial_where, members[g]) + max(trial_stream)
-                root = _root(problem, trial_where, members[g])
+                # A trial writes only this group's entries of `where`: they are read back, then reset.
+                trial_free, trial_stream = list(free), list(stream)
+                _fill(problem, members[g], where, trial_free, trial_stream, block, cards)
+                cost = group_cost_ps(problem, where, members[g]) + max(trial_stream)
+                root = _root(problem, where, members[g])
                 for nb, is_before in neighbours:
                     sender = nb if is_before else g
                     cost += handoff_ps(roots[nb], root, problem.group_out_bytes[sender], problem.target)
                 # On a tie, nearest the groups placed so far (their hand-offs come later).
                 near = min((_distance(problem, root, r) for r in roots.values()), default=0)
                 if best is None or (cost, near) < best[0]:
-                    best = ((cost, near), trial_where, trial_free, trial_stream)
+                    best = ((cost, near), [where[t] for t in members[g]], trial_free, trial_stream)
+                for t in members[g]:
+                    where[t] = -1
         assert best is not None
-        _, where, free, stream = best
+        _, chosen, free, stream = best
+        for t, w in zip(members[g], chosen, strict=True):
+            where[t] = w
         roots[g] = _root(problem, where, members[g])
     return where
 

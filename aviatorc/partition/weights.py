@@ -86,6 +86,7 @@ class _Found:
     nodes: list[str] = field(default_factory=list)
     splits: tuple[Part, ...] = ()
     tied_to: str = ""
+    expert: int = -1
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,9 @@ class _Linear:
 
 def weights_from_graph(graph: Graph) -> list[WeightSpec]:
     """Every weight of `graph` the partitioner places, in graph order."""
+    from aviatorc.ir.experts import expert_nodes
+
+    experts = expert_nodes(graph)
     tables = {node.input(0).name: node.input(0) for node in graph.nodes if _is_lookup(node)}
     found: dict[str, _Found] = {}
     heads: dict[str, str] = {}  # table name -> name of the tied head spec
@@ -126,6 +130,7 @@ def weights_from_graph(graph: Graph) -> list[WeightSpec]:
                     weight.name, layer_of(weight.name), "lm_head" if weight.table is not None else role_of(weight.name),
                     weight.k, weight.n, weight.format, x.name if x is not None else weight.name, node)
                 entry.splits = _splits(node, weight.n, entry.role)
+                entry.expert = experts[node].expert if node in experts else -1
                 if weight.table is not None:
                     entry.tied_to = weight.table.name
                     heads[weight.table.name] = weight.name
@@ -354,7 +359,7 @@ def _with_layers(found: list[_Found]) -> list[WeightSpec]:
         else:
             layer = last + 1 if seen_numbered or f.role == "lm_head" else -1
         specs.append(WeightSpec(f.name, layer, f.role, f.k, f.n, f.format, f.input, tuple(f.nodes), f.splits,
-                                f.tied_to))
+                                f.tied_to, f.expert))
     return specs
 
 
