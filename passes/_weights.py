@@ -148,7 +148,7 @@ def add_packed_weight(graph: Graph, lw: LinearWeight, fmt: WeightFormat, packed:
             inputs.append(graph.add_initializer(name, TensorType(dtype, shape), ArrayData(array)))
         else:
             inputs.append(graph.add_initializer(name, TensorType(dtype, shape), ShapeOnly("quantized shape-only")))
-    first = min(lw.matmuls, key=graph.nodes.index)
+    first = min(lw.matmuls, key=graph.position)
     attrs = dict(fmt.to_attrs(), k=lw.k, n=lw.n)
     out = add_value(graph, "DequantizeWeight", inputs, attrs, name=graph.unique_name(f"{base}.dequant"), before=first)
     target_dtype = lw.value.type.dtype

@@ -197,15 +197,20 @@ class Quantize(Pass):
         bytes_before = bytes_after = 0
         # GPTQ fits each weight to the unquantized graph's output (`corrected_target`): keep it.
         reference = graph.clone() if method in CALIBRATED and any(lw.has_data for lw in quantize) else None
-        for lw in keep:
-            fmt = WeightFormat(opts.quant if opts.quant in SIXTEEN_BIT else "fp16", 0, True, lw.fmt.sparsity)
-            bytes_before += lw.fmt.storage_bytes(lw.k, lw.n)
-            packed = pack_weight(lw.dense(), fmt, mask=lw.mask()) if lw.has_data else None
-            add_packed_weight(graph, lw, fmt, packed)
-            bytes_after += fmt.storage_bytes(lw.k, lw.n)
-            counts["weights_kept_fp16"] += 1
+        with graph.batched_inserts():
+            for lw in keep:
+                fmt = WeightFormat(opts.quant if opts.quant in SIXTEEN_BIT else "fp16", 0, True, lw.fmt.sparsity)
+                bytes_before += lw.fmt.storage_bytes(lw.k, lw.n)
+                packed = pack_weight(lw.dense(), fmt, mask=lw.mask()) if lw.has_data else None
+                add_packed_weight(graph, lw, fmt, packed)
+                bytes_after += fmt.storage_bytes(lw.k, lw.n)
+                counts["weights_kept_fp16"] += 1
 
         def rewrite(stage: list[LinearWeight], stats: dict[str, ActivationStats]) -> None:
+            with graph.batched_inserts():  # thousands of weights (a mixture of experts): one pass
+                rewrite_stage(stage, stats)
+
+        def rewrite_stage(stage: list[LinearWeight], stats: dict[str, ActivationStats]) -> None:
             nonlocal bytes_before, bytes_after
             # AWQ: one scale search per activation, the graph's MatMuls then read x / s (`_awq`).
             scaled = (awq_stage(graph, stage, stats, weight_format(opts, calibrated=calibrated),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from aviatorc.frontends.torch.aten import converts
-from aviatorc.frontends.torch.importer import Lowering, Unsupported, dtype_of
+from aviatorc.frontends.torch.importer import Lowering, Unsupported, dtype_of, same_weight
 from aviatorc.ir import Value
 
 
@@ -374,7 +374,7 @@ def elu(cx: Lowering, node: Any) -> Value:
 @converts("aten.to", "aten._to_copy", "aten.type_as", "aten.clone", "aten.contiguous", "aten.alias",
           "aten.detach", "aten.detach_", "aten.lift_fresh_copy", "aten.dropout", "aten.feature_dropout", "aten.alpha_dropout",
           "aten._unsafe_view_copy", "aten.view_as", "aten.resolve_conj", "aten.resolve_neg", "aten.copy")
-def passthrough(cx: Lowering, node: Any) -> Value:
+def passthrough(cx: Lowering, node: Any) -> Any:
     """Ops that keep the values: the importer casts to torch's dtype afterwards. (`detach_` is in
     place, but changes no value: the graph's other readers of its input see the same values.)"""
     key = str(node.target)
@@ -382,6 +382,9 @@ def passthrough(cx: Lowering, node: Any) -> Value:
         return cx.value(node.args[1])  # copy(self, src): src's values in self's shape (same here)
     if key.startswith("aten.view_as."):
         raise Unsupported(key)
+    weight = cx.weight_or_none(node.args[0])
+    if weight is not None and same_weight(node, node.args[0]):
+        return weight  # still the parameter: a linear reading it gets the stored [K, N] form
     return cx.value(node.args[0])
 
 

@@ -90,9 +90,31 @@ class _Weight:
 _TRANSPOSE_USES = ("aten.t.", "aten.numpy_T.")
 
 
+# Casts that leave a weight as it is when the dtype does not change (DeepSeek-V3's router reads
+# `self.weight.type(torch.float32)` of a float32 weight): the weight is still the parameter.
+_SAME_WEIGHT = ("aten.to.", "aten._to_copy.", "aten.type_as.", "aten.clone.", "aten.contiguous.", "aten.alias.",
+                "aten.detach.")
+
+
+def same_weight(node: Any, weight_node: Any) -> bool:
+    """Whether `node` is `weight_node` cast to its own dtype (or copied): the same weight."""
+    if not str(node.target).startswith(_SAME_WEIGHT) or not node.args or node.args[0] is not weight_node:
+        return False
+    val, source = node.meta.get("val"), weight_node.meta.get("val")
+    return val is not None and source is not None and getattr(val, "dtype", None) == getattr(source, "dtype", None)
+
+
+def read_transposed(weight_node: Any) -> bool:
+    """Whether every read of `weight_node` (its metadata asserts aside) is a transposed one."""
+    uses = [u for u in weight_node.users if not str(u.target).startswith("aten._assert_tensor_metadata")]
+    return bool(uses) and all(_is_transposed_use(user, weight_node) for user in uses)
+
+
 def _is_transposed_use(node: Any, weight_node: Any) -> bool:
-    """Whether `node` reads the 2-D weight `weight_node` as its transpose."""
+    """Whether `node` reads the 2-D weight `weight_node` as its transpose (through same-dtype casts)."""
     name = str(node.target)
+    if same_weight(node, weight_node):
+        return read_transposed(node)
     if name.startswith("aten.linear.") and len(node.args) > 1 and node.args[1] is weight_node:
         return True
     if name.startswith(_TRANSPOSE_USES):
@@ -490,8 +512,7 @@ def lower_program(ep: Any, table: Mapping[str, Converter], *, shape_only: bool,
                     continue
                 tensor = state[spec.target]
                 w = _Weight(spec.target, tensor, shape_only)
-                w.transposed_only = bool(node.users) and tensor.dim() == 2 and all(
-                    _is_transposed_use(user, node) for user in node.users)
+                w.transposed_only = tensor.dim() == 2 and read_transposed(node)
                 cx.env[node] = w
                 continue
             val = cx.meta(node)

@@ -200,29 +200,33 @@ def find_blocks(ep: Any) -> list[Block]:
     return sorted(blocks, key=lambda b: position[b.output])
 
 
-def _param(node: Any, params: Mapping[str, str]) -> tuple[Any, bool] | None:
-    """(placeholder, transposed) for a weight argument: a parameter, maybe cast, maybe with its
-    last two axes swapped."""
-    transposed = False
-    while _key(node) in ("aten.transpose", "aten.to", "aten._to_copy", "aten._assert_tensor_metadata"):
-        if _key(node) == "aten.transpose":
-            rank = len(_shape(node))
-            if {int(d) % rank for d in node.args[1:3]} != {rank - 2, rank - 1}:
-                return None
-            transposed = not transposed
-        node = node.args[0]
-    if node.op != "placeholder" or node.name not in params:
-        return None
-    return node, transposed
+_WEIGHT_CHAIN = ("aten.transpose", "aten.to", "aten._to_copy", "aten._assert_tensor_metadata")
 
 
 def _weight_chain(node: Any) -> list[Any]:
     """The casts and transposes between a stacked weight and the matmul reading it."""
     chain = []
-    while _key(node) in ("aten.transpose", "aten.to", "aten._to_copy", "aten._assert_tensor_metadata"):
+    while _key(node) in _WEIGHT_CHAIN:
         chain.append(node)
         node = node.args[0]
     return chain
+
+
+def _param(node: Any, params: Mapping[str, str]) -> tuple[Any, bool] | None:
+    """(placeholder, transposed) for a weight argument: a parameter, maybe cast, maybe with its
+    last two axes swapped."""
+    chain = _weight_chain(node)
+    source = chain[-1].args[0] if chain else node
+    if source.op != "placeholder" or source.name not in params:
+        return None
+    transposed = False
+    for step in chain:
+        if _key(step) == "aten.transpose":
+            rank = len(_shape(step))
+            if {int(d) % rank for d in step.args[1:3]} != {rank - 2, rank - 1}:
+                return None
+            transposed = not transposed
+    return source, transposed
 
 
 def _grouped_blocks(nodes: list[Any], params: Mapping[str, str], position: Mapping[Any, int]) -> list[Block]:
@@ -256,7 +260,7 @@ def _grouped_block(offsets: Any, mms: list[Any], params: Mapping[str, str], posi
     inverse = [u for e in _users(perm, "aten.empty_like") for u in e.users if _short(u) == "index_put"]
     if len(divides) != 1 or len(dispatch) != 1 or len(weight_rows) != 1 or len(inverse) != 1:
         raise _refuse(name, "the sorted tokens, their routing weights or the inverse order were not found")
-    top_k = int(divides[0].args[1])
+    slots = int(divides[0].args[1])  # perm // k: the token of each (token, slot) pair
     hidden = dispatch[0].args[0]
     weights = _strip(weight_rows[0].args[0])
     unpermute = [u for u in _users(inverse[0], "aten.index")]
@@ -280,10 +284,11 @@ def _grouped_block(offsets: Any, mms: list[Any], params: Mapping[str, str], posi
     for view in _ancestors([output]) & _descendants([unpermute[0]]):
         roles[view] = Role("pass")
     router = find_router([ids, weights], name, position)
+    if router.attrs["top_k"] != slots:
+        raise _refuse(name, f"the experts take {slots} slots per token but the router chooses {router.attrs['top_k']}")
     region = (_descendants(router.nodes | {ids, weights}) & (_ancestors([output]) | {output})) | {
         n for mm in mms for n in _weight_chain(mm.args[1])}
     region -= _ancestors([hidden]) | {hidden}
-    del top_k  # the combine's sum over the k slots is what it replaces; the router knows k
     return _block(name, router, hidden, num_experts, roles, region | router.nodes, output, 1, position)
 
 
