@@ -139,6 +139,7 @@ class Lowering:
         self._sym_sources: dict[str, tuple[Value, int]] = {}  # symbol name -> (graph input, axis)
         self._sym_cache: dict[str, Value] = {}  # str(expr) -> materialized int64 scalar
         self._const_cache: dict[tuple[str, bytes, tuple[int, ...]], Value] = {}
+        self._dim_cache: dict[Any, str] = {}  # sympy expression -> its IR dim name
 
     # -- types ------------------------------------------------------------------------------
 
@@ -151,10 +152,12 @@ class Lowering:
             return int(expr)
         if expr.is_Symbol:
             return self.symbol_names.get(str(expr), str(expr))
-        import sympy
+        if expr not in self._dim_cache:  # renaming and printing an expression is slow; programs repeat a few
+            import sympy
 
-        renamed = expr.subs({s: sympy.Symbol(self.symbol_names.get(str(s), str(s))) for s in expr.free_symbols})
-        return str(renamed).replace(" ", "")
+            renamed = expr.subs({s: sympy.Symbol(self.symbol_names.get(str(s), str(s))) for s in expr.free_symbols})
+            self._dim_cache[expr] = str(renamed).replace(" ", "")
+        return self._dim_cache[expr]
 
     def tensor_type(self, val: torch.Tensor) -> TensorType:
         return TensorType(dtype_of(val.dtype), tuple(self.dim(d) for d in val.shape))
