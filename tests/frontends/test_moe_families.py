@@ -151,3 +151,18 @@ def test_a_config_asking_for_a_routing_transformers_does_not_build_is_refused(fi
     assert info.value.fields["field"] == field and info.value.file == str(path)
     assert main(["compile", str(path), "--target", "mock", "-o", str(tmp_path / "out.avc")]) != 0
     assert not (tmp_path / "out.avc").exists()
+
+
+@pytest.mark.parametrize("implementation", ["eager", "batched_mm"])
+def test_other_experts_implementations_export_through_the_grouped_one(implementation):
+    """transformers' eager experts loop over the experts reached (data-dependent: torch.export
+    cannot trace it) and batched_mm gathers weights per token: the export uses grouped_mm, the
+    same function, and gives the module its own setting back."""
+    model = zoo.build_family_model("mixtral")
+    model.config._experts_implementation = implementation
+    tokens = ids(seed=3)
+    graph = import_torch(model, {"input_ids": torch.from_numpy(tokens), "use_cache": False})
+    assert graph.op_census()["MoEDispatch"] == 8
+    (got,) = evaluate(graph, {graph.inputs[0].name: tokens}).values()
+    assert np.abs(got - eager_logits(model, tokens)).max() <= TOL
+    assert model.config._experts_implementation == implementation
