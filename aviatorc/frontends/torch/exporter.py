@@ -105,9 +105,12 @@ def _grouped_experts(module: torch.nn.Module) -> Iterator[None]:
     over the experts a token reaches (data-dependent control flow torch.export cannot trace) and
     "batched_mm" gathers each token's expert weights; all three compute the same function.
     The module's own setting is restored afterwards."""
-    configs = [c for c in {id(m.config): m.config for m in module.modules()
-                           if getattr(getattr(m, "config", None), "_experts_implementation", None)
-                           in ("eager", "batched_mm")}.values()]
+    found: dict[int, Any] = {}
+    for m in module.modules():
+        config: Any = getattr(m, "config", None)
+        if getattr(config, "_experts_implementation", None) in ("eager", "batched_mm"):
+            found[id(config)] = config
+    configs = list(found.values())
     experts = any(type(m).__name__.endswith("Experts") and hasattr(m, "has_gate") for m in module.modules())
     if not experts or not configs:
         yield
