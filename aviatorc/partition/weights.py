@@ -141,7 +141,8 @@ def weights_from_graph(graph: Graph) -> list[WeightSpec]:
             found[head].nodes += [n for n in found[table_name].nodes if n not in found[head].nodes]
     entries = list(found.values())
     if any(e.layer is None for e in entries):
-        inferred = _structural_layers(graph, {e.name: e.first for e in entries})
+        inferred = _structural_layers(graph, {e.name: e.first for e in entries},
+                                      wanted={e.name for e in entries if e.layer is None})
         for e in entries:
             if e.layer is None:
                 e.layer = inferred.get(e.name)
@@ -235,8 +236,10 @@ _ATTENTION = ("Softmax", "Attention")  # one per attention block, in topological
 _SHAPE_ONLY = ("Shape", "Size", "ConstantOfShape")
 
 
-def _structural_layers(graph: Graph, consumers: dict[str, Node]) -> dict[str, int]:
-    """Layer indices from the attention blocks; {} when the graph has none.
+def _structural_layers(graph: Graph, consumers: dict[str, Node], wanted: set[str] | None = None) -> dict[str, int]:
+    """Layer indices from the attention blocks, of the weights in `wanted` (default all); {} when
+    the graph has none. Every weight in `consumers` still ends the cones of the others (the
+    embedding and head of a model whose other weights are named: a cone each, not one per weight).
 
     `after[v]`: the index of the last attention block among v's ancestors (-1: none). A weight
     read at `after = j` belongs to block j + 1 when its cone (what its output reaches before the
@@ -258,6 +261,8 @@ def _structural_layers(graph: Graph, consumers: dict[str, Node]) -> dict[str, in
     outputs = {id(v) for v in graph.outputs}
     layers: dict[str, int] = {}
     for name, node in consumers.items():
+        if wanted is not None and name not in wanted:
+            continue
         if node.op == "Gather":
             layers[name] = -1
             continue
