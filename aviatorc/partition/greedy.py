@@ -16,7 +16,7 @@ and up want a card. The cheaper of the two layer placements is kept.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from aviatorc.partition.problem import Problem, compute_of, group_cost_ps, handoff_ps, total_cost
 
@@ -128,6 +128,7 @@ def _place_by_group(problem: Problem, tiles: Sequence[int], free_bytes: Sequence
     stream = [0] * problem.num_cards
     sizes = [0, *spreads(problem)]
     roots: dict[int, int] = dict(anchors or {})  # placed group -> its root (lowest computing chiplet)
+    nearest = _Nearest(problem, roots.values())
     for g in order:
         neighbours = [(nb, nb == before.get(g)) for nb in (before.get(g), problem.next_group[g]) if nb in roots]
         best: tuple[tuple[int, int], list[int], list[int], list[int]] | None = None
@@ -149,7 +150,7 @@ def _place_by_group(problem: Problem, tiles: Sequence[int], free_bytes: Sequence
                     sender = nb if is_before else g
                     cost += handoff_ps(roots[nb], root, problem.group_out_bytes[sender], problem.target)
                 # On a tie, nearest the groups placed so far (their hand-offs come later).
-                near = min((_distance(problem, root, r) for r in roots.values()), default=0)
+                near = nearest.distance(root)
                 if best is None or (cost, near) < best[0]:
                     best = ((cost, near), [where[t] for t in members[g]], trial_free, trial_stream)
                 for t in members[g]:
@@ -159,7 +160,43 @@ def _place_by_group(problem: Problem, tiles: Sequence[int], free_bytes: Sequence
         for t, w in zip(members[g], chosen, strict=True):
             where[t] = w
         roots[g] = _root(problem, where, members[g])
+        nearest.add(roots[g])
     return where
+
+
+class _Nearest:
+    """min(_distance(c, r) for r in the roots placed so far), without the loop: the distance to a root
+    depends only on how c relates to it (same chiplet, same package, same card, another card), so
+    it is the least of the level distances of the relations present (a layer of a mixture of
+    experts places a thousand groups, each trial asking against all of them)."""
+
+    def __init__(self, problem: Problem, roots: Iterable[int]) -> None:
+        self.target = problem.target
+        links = self.target.links
+        self.by_level = [1 + links.index(links[level]) for level in range(3)]  # as `_distance` counts
+        self.chips: set[int] = set()
+        self.packages: set[int] = set()
+        self.card_packages: dict[int, set[int]] = {}  # card -> the packages holding a root on it
+        for root in roots:
+            self.add(root)
+
+    def add(self, root: int) -> None:
+        self.chips.add(root)
+        self.packages.add(self.target.package_of(root))
+        self.card_packages.setdefault(self.target.card_of(root), set()).add(self.target.package_of(root))
+
+    def distance(self, c: int) -> int:
+        if not self.chips or c in self.chips:
+            return 0
+        package, card = self.target.package_of(c), self.target.card_of(c)
+        levels = []
+        if package in self.packages:
+            levels.append(self.by_level[0])
+        if self.card_packages.get(card, set()) - {package}:
+            levels.append(self.by_level[1])
+        if any(other != card for other in self.card_packages):
+            levels.append(self.by_level[2])
+        return min(levels)
 
 
 def _distance(problem: Problem, a: int, b: int) -> int:
