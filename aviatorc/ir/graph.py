@@ -200,7 +200,9 @@ class Graph:
             self.nodes.append(node)
         elif self._pending is not None:
             anchor = self._anchor(before)
-            self._pending.setdefault(id(anchor), []).append(node)
+            waiting = self._pending.setdefault(id(anchor), [])
+            # just before `before` when it is itself waiting in this batch, else last before the anchor
+            waiting.insert(waiting.index(before) if before is not anchor else len(waiting), node)
             self._pending_anchor[id(node)] = anchor
         else:
             self.nodes.insert(self.nodes.index(before), node)
