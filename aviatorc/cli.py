@@ -79,7 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if late_debug:  # `aviatorc compile m.onnx --debug` as well as `aviatorc --debug compile ...`
         argv = [a for i, a in enumerate(argv) if a != "--debug" or i >= end]
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the command's own parser, so the line points to the command's --help
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.debug = args.debug or late_debug
 
     def one_line(text: str, limit: int = 2000) -> str:
@@ -141,6 +143,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="artifact directory to write")
     p.add_argument("--target", help="a shipped target name (see `aviatorc target list`) or a TOML file (default: corsair)")
     p.add_argument("--cards", type=int, help="build an N-card server from the target's card description")
+    _add_set(p)
     p.add_argument("--chiplets", metavar="IDS",
                    help="confine the placement to these chiplets, like '0-7,12' (models sharing a server)")
     p.add_argument("--quant", choices=QUANT_CHOICES, help="weight quantization")
@@ -161,6 +164,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="keep weights whose name matches this fnmatch pattern in FP16 (repeatable)")
     p.add_argument("--activations", choices=ACTIVATION_METHODS, help="W8A8: calibrate activation ranges")
     p.add_argument("--calibration", metavar="FILE.npz", help="calibration batches: one array per input, batches on axis 0")
+    p.add_argument("--calibration-text", metavar="FILE.txt", help="calibrate a decoder on plain text (a few hundred "
+                   "tokens or more), tokenized with the model's own tokenizer (a GGUF source's, or --tokenizer); the "
+                   "last quarter is held out to measure accuracy")
+    p.add_argument("--tokenizer", metavar="DIR", help="the tokenizer for --calibration-text: a Hugging Face tokenizer "
+                   "folder or a .gguf file (default: the GGUF source's own)")
     p.add_argument("--eval", metavar="FILE.npz", help="batches to measure accuracy on, as --calibration (default: the "
                    "last quarter of the calibration batches, held out of calibration)")
     p.add_argument("--no-fuse-qkv", action="store_true", help="leave q/k/v projections separate")
@@ -171,6 +179,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, default=DEFAULTS.context, help="KV-cache tokens per sequence (decode)")
     p.add_argument("--prompt", type=int, default=DEFAULTS.prompt, help="prompt tokens per sequence (prefill)")
     p.add_argument("--no-prefetch", action="store_true", help="load streamed weights just before use (no overlap)")
+    p.add_argument("--no-ranges", action="store_true",
+                   help="skip re-timing the plan over the target's assumed figures (faster; no ranges in the report)")
+    p.add_argument("--no-sweep", action="store_true", help="skip the batch and context sweep (faster)")
     p.add_argument("--kv-cache", choices=KV_CACHE_CHOICES, default=DEFAULTS.kv_cache, help="where the KV cache lives")
     p.add_argument("--kv-dtype", choices=KV_DTYPE_CHOICES, default=DEFAULTS.kv_dtype, help="KV cache element type")
     p.add_argument("--solver", choices=SOLVER_CHOICES, default=DEFAULTS.solver,
@@ -184,9 +195,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("artifact", help="an artifact directory written by `aviatorc compile`")
     p.add_argument("-o", "--output", metavar="FILE", help="write the report here (default: print it; an HTML "
                    "report needs a file)")
-    p.add_argument("--format", choices=("html", "json", "text"), help="html: one self-contained page (placement, SRAM "
-                   "over time, timeline, accuracy, latency against the bound); json: the same data for machines; "
-                   "text: a terminal summary (default: html with -o, text without)")
+    p.add_argument("--format", choices=("html", "json", "data", "text"), help="html: one self-contained page "
+                   "(placement, SRAM over time, timeline, accuracy, latency against the bound); json: what the compile "
+                   "measured, the artifact's report.json; data: everything the page draws, as JSON; text: a terminal "
+                   "summary (default: html with -o, text without)")
     p.set_defaults(handler=cmd_report)
 
     p = sub.add_parser("export", help="write a compiled artifact as a standard ONNX file with its exact quantized "
@@ -222,16 +234,29 @@ def _parser() -> argparse.ArgumentParser:
     prompt.add_argument("--prompt-ids", metavar="IDS", help="comma-separated token ids, like 1,2,3")
     prompt.add_argument("--prompt", metavar="TEXT", help="prompt text (needs --tokenizer)")
     p.add_argument("--tokenizer", metavar="DIR", help="a folder with a Hugging Face tokenizer (tokenizer.json), "
-                   "or a .gguf file")
+                   "or a .gguf file (default: the GGUF file the artifact was compiled from)")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, help="sampling seed")
     p.add_argument("--eos-token-id", type=int, action="append", help="stop after this id (repeatable; default: "
-                   "the tokenizer's end-of-sequence id)")
+                   "the model's end-of-sequence ids, else the tokenizer's; -1: never stop early)")
     p.add_argument("--device", choices=("sim", "cuda"), default="sim")
-    _add_verbosity(p)
+    _add_verbosity(p, quiet="print nothing but the generated text or ids (no timing)")
     p.set_defaults(handler=cmd_generate)
+
+    p = sub.add_parser("chat", help="chat with a compiled decoder in the terminal (the tokenizer's chat template)",
+                       formatter_class=_ShowDefaults)
+    p.add_argument("artifact", help="an artifact directory written by `aviatorc compile`")
+    p.add_argument("--tokenizer", metavar="DIR", help="a Hugging Face tokenizer folder or a .gguf file (default: the "
+                   "GGUF file the artifact was compiled from)")
+    p.add_argument("--system", metavar="TEXT", help="a system message before the conversation")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="the longest reply, in tokens")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, help="sampling seed")
+    p.add_argument("--device", choices=("sim", "cuda"), default="sim")
+    p.set_defaults(handler=cmd_chat)
 
     p = sub.add_parser("serve", help="serve compiled decoders over the OpenAI API (completions, chat, SSE)",
                        formatter_class=_ShowDefaults)
@@ -241,7 +266,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="port to listen on, 8000 by default (0: a free one, printed "
                    "when ready)")
     p.add_argument("--tokenizer", action="append", metavar="DIR", help="a Hugging Face tokenizer folder or a .gguf "
-                   "file: once for every artifact, or once per artifact in order (default: token ids only)")
+                   "file: once for every artifact, or once per artifact in order (default: the GGUF file an artifact "
+                   "was compiled from, else token ids only)")
     p.add_argument("--served-model-name", action="append", metavar="NAME",
                    help="the model's name in the API, once per artifact (default: the artifact folder's name)")
     p.add_argument("--max-num-seqs", type=int, metavar="K", help="sequences decoded together (default: the plan's KV slots, "
@@ -270,9 +296,47 @@ def _parser() -> argparse.ArgumentParser:
     t = tsub.add_parser("show", help="show a target description")
     t.add_argument("name", help="a shipped target name or a TOML file")
     t.add_argument("--cards", type=int)
+    _add_set(t)
     t.add_argument("--resolved", action="store_true", help="echo the fully resolved description")
     t.set_defaults(handler=cmd_target_show)
+    _name_own_parsers(parser)
     return parser
+
+
+def _name_own_parsers(parser: argparse.ArgumentParser) -> None:
+    """Each (sub)command's parser in its namespace as `command_parser`, the innermost winning, so
+    an error found after parsing (an unknown option) names that command's --help."""
+    parser.set_defaults(command_parser=parser)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _name_own_parsers(child)
+
+
+def _add_set(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="override a figure of the target description, like runtime.per_layer_latency_s=0 or "
+                        "card.lpddr_bytes_per_s=1e12 (repeatable; VALUE is read as TOML: numbers, strings, lists)")
+
+
+def target_overrides(pairs: Sequence[str]) -> dict[str, Any]:
+    """`--set KEY=VALUE` pairs as `load_target` overrides; each VALUE read as a TOML value, a bare
+    word as a string."""
+    import tomllib
+
+    from aviatorc.errors import OptionError
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, equals, text = pair.partition("=")
+        if not equals or not key.strip():
+            raise OptionError(f"--set '{pair}' is not KEY=VALUE", hint="like --set runtime.per_layer_latency_s=0")
+        try:
+            value = tomllib.loads(f"v = {text.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text.strip()
+        out[key.strip()] = value
+    return out
 
 
 def _add_verbosity(p: argparse.ArgumentParser, *, quiet: str = "print nothing but the result, warnings and errors "
@@ -286,10 +350,9 @@ def _add_verbosity(p: argparse.ArgumentParser, *, quiet: str = "print nothing bu
 
 
 def _console() -> Any:
-    from rich.console import Console
+    from aviatorc.terminal import stdout_console
 
-    # No markup: paths and model names are printed as they are ("[v2]" is not a style tag).
-    return Console(highlight=False, markup=False)
+    return stdout_console()
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -347,21 +410,36 @@ def cmd_compile(args: argparse.Namespace) -> int:
     evaluation = load_calibration_npz(args.eval, what="evaluation") if args.eval else None
     # Neither flag: the default (int4 asymmetric with --calibration, symmetric without).
     symmetric = True if args.symmetric else False if args.asymmetric else None
+    target: Any = args.target
+    if args.overrides:  # the target is built here, so its errors name the --set that caused them
+        from aviatorc.target import DEFAULT_TARGET, load_target
+
+        target = load_target(args.target or DEFAULT_TARGET, cards=args.cards, overrides=target_overrides(args.overrides))
     options: dict[str, Any] = {
-        "target": args.target, "cards": args.cards, "quant": args.quant, "group_size": args.group_size,
+        "target": target, "cards": None if args.overrides else args.cards, "quant": args.quant, "group_size": args.group_size,
         "symmetric": symmetric, "quant_method": args.quant_method, "sparsity": args.sparsity,
         "sparsity_method": args.sparsity_method, "keep_fp16": tuple(args.keep_fp16),
         "activations": args.activations, "fuse_qkv": not args.no_fuse_qkv,
         "passes": tuple(p.strip() for p in args.passes.split(",") if p.strip()) if args.passes else None,
         "print_ir_after_change": args.print_ir_after_change, "seed": args.seed, "time_limit_s": args.time_limit,
         "batch": args.batch, "context": args.context, "prompt": args.prompt, "prefetch": not args.no_prefetch,
+        "ranges": not args.no_ranges, "sweep": not args.no_sweep,
         "kv_cache": args.kv_cache, "kv_dtype": args.kv_dtype, "solver": args.solver, "chiplets": args.chiplets,
     }
     from aviatorc.plan.artifact import check_output_path
 
     check_output_path(args.output)  # before the compile spends its time
     start = time.perf_counter()
-    result = compile_model(_model_path(args.model), calibration=calibration, evaluation=evaluation, **options)
+    text = None
+    if args.calibration_text:
+        try:
+            text = Path(args.calibration_text).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            from aviatorc.errors import OptionError
+
+            raise OptionError(f"cannot read the calibration text: {error}", file=args.calibration_text) from None
+    result = compile_model(_model_path(args.model), calibration=calibration, evaluation=evaluation,
+                           calibration_text=text, tokenizer=args.tokenizer, **options)
     out = result.save(args.output)
     if not args.quiet:
         console.print(result.report.summary())
@@ -398,7 +476,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 0
     if fmt == "html":
         text = render_html(data)
-    elif fmt == "json":
+    elif fmt == "json":  # the artifact's own report.json, byte for byte: one shape, whichever way it is read
+        text = (artifact.path / "report.json").read_text(encoding="utf-8")
+    elif fmt == "data":
         text = json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n"
     else:
         import io
@@ -472,13 +552,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from aviatorc.errors import OptionError
     from aviatorc.runtime import Session
 
-    tokenizer: Any = None
-    if args.tokenizer:
-        from aviatorc.runtime.text import load_tokenizer
-
-        tokenizer = load_tokenizer(args.tokenizer)
-    if args.prompt is not None and tokenizer is None:
-        raise OptionError("--prompt TEXT needs --tokenizer DIR", hint="or give token ids with --prompt-ids 1,2,3")
+    session = Session(args.artifact, device=args.device)
+    tokenizer = _tokenizer(args.tokenizer, session, needed=args.prompt is not None,
+                           why="--prompt TEXT needs a tokenizer", hint="give --tokenizer DIR, or token ids with "
+                           "--prompt-ids 1,2,3")
     if args.prompt_ids is not None:
         try:
             ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
@@ -487,17 +564,96 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         ids = tokenizer.encode(args.prompt)
     eos = args.eos_token_id
-    if eos is None and tokenizer is not None and tokenizer.eos_token_id is not None:
+    if eos is None and not session.eos_token_ids and tokenizer is not None and tokenizer.eos_token_id is not None:
         eos = [tokenizer.eos_token_id]
-    session = Session(args.artifact, device=args.device)
     tokens = session.generate(ids, args.max_new_tokens, eos_token_id=eos, temperature=args.temperature,
                               top_p=args.top_p, seed=args.seed)
     new = [int(t) for t in tokens[len(ids):]]
     if tokenizer is not None:
-        print(tokenizer.decode(new))
+        print(tokenizer.decode(new, skip_special_tokens=True))
     else:
         print(",".join(str(t) for t in new))
+    if not args.quiet and session.stats is not None:
+        print(timing_line(session, len(new)), file=sys.stderr)
     return 0
+
+
+def timing_line(session: Any, new_tokens: int) -> str:
+    """What this generate took on this machine beside what the plan predicts for its target, labelled
+    so neither is taken for the other."""
+    from aviatorc.compiler import seconds
+
+    extra = session.stats.extra
+    prediction = session.artifact.plan.prediction
+    decode_steps = max(new_tokens - 1, 0)
+    measured_rate = f"{decode_steps / extra['decode_s']:,.1f} tokens/s" if decode_steps and extra["decode_s"] > 0 else "-"
+    predicted = (f"predicted for {session.target.name}: time to first token {seconds(prediction.ttft_s)}, "
+                 f"decode {prediction.tokens_per_s:,.1f} tokens/s" if prediction else "no prediction in the plan")
+    return (f"timing: measured here ({session.device} device on this machine's CPU): time to first token "
+            f"{seconds(extra['ttft_s'])}, decode {measured_rate} over {decode_steps} step(s) | {predicted}")
+
+
+def _tokenizer(given: str | None, session: Any, *, needed: bool, why: str, hint: str) -> Any:
+    """The tokenizer `--tokenizer` names, else the one of the artifact's source (a GGUF file), else
+    None; an OptionError when `needed` and there is none."""
+    from aviatorc.errors import OptionError
+    from aviatorc.runtime.text import load_tokenizer, source_tokenizer
+
+    path = given or source_tokenizer(session.graph)
+    if path is None:
+        if needed:
+            raise OptionError(why, hint=hint)
+        return None
+    return load_tokenizer(path)
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    """Read a message per line (stdin), answer each with the model, keep the conversation. Older turns
+    are dropped when the conversation outgrows the plan's context."""
+    from aviatorc.errors import OptionError
+    from aviatorc.runtime import Session
+
+    session = Session(args.artifact, device=args.device)
+    tokenizer = _tokenizer(args.tokenizer, session, needed=True, why="chat needs a tokenizer with a chat template",
+                           hint="give --tokenizer DIR (a folder with tokenizer.json) or a .gguf file")
+    if not getattr(tokenizer, "chat_template", None):
+        raise OptionError("the tokenizer has no chat template, so chat cannot format a conversation",
+                          hint="use `aviatorc generate --prompt TEXT` for plain text")
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    turns: list[dict[str, str]] = []
+    terminal = sys.stdin.isatty()
+    while True:
+        if terminal:
+            print("> ", end="", flush=True)
+        line = sys.stdin.readline()
+        if not line or line.strip() in ("/exit", "/quit"):
+            return 0
+        if not line.strip():
+            continue
+        turns.append({"role": "user", "content": line.rstrip("\n")})
+        while True:
+            ids = tokenizer.apply_chat_template(system + turns, add_generation_prompt=True, tokenize=True)
+            ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+            if len(ids) + 1 <= session.context or len(turns) <= 1:
+                break
+            turns = turns[2:]  # the oldest exchange goes
+        room = session.context - len(ids)
+        if room < 1:
+            raise OptionError(f"the message takes {len(ids)} tokens but the plan holds {session.context}",
+                              hint="compile with a larger --context")
+        tokens = session.generate(ids, min(args.max_new_tokens, room), temperature=args.temperature, top_p=args.top_p,
+                                  seed=args.seed, eos_token_id=_chat_stops(session, tokenizer))
+        reply = tokenizer.decode([int(t) for t in tokens[len(ids):]], skip_special_tokens=True).strip()
+        print(reply, flush=True)
+        turns.append({"role": "assistant", "content": reply})
+
+
+def _chat_stops(session: Any, tokenizer: Any) -> list[int]:
+    """A reply ends at the model's end-of-sequence ids and the tokenizer's (a chat template's end of turn)."""
+    stops = set(session.eos_token_ids)
+    if tokenizer.eos_token_id is not None:
+        stops.add(int(tokenizer.eos_token_id))
+    return sorted(stops)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -553,7 +709,7 @@ def cmd_target_list(args: argparse.Namespace) -> int:
 def cmd_target_show(args: argparse.Namespace) -> int:
     from aviatorc.target import cli_show
 
-    print(cli_show(args.name, cards=args.cards, resolved=args.resolved))
+    print(cli_show(args.name, cards=args.cards, resolved=args.resolved, overrides=target_overrides(args.overrides)))
     return 0
 
 
@@ -561,9 +717,11 @@ def _model_path(model: str) -> Path:
     path = Path(model)
     if not path.exists():
         from aviatorc.errors import OptionError
+        from aviatorc.frontends import ACCEPTED_SOURCES
 
-        raise OptionError(f"model '{model}' does not exist")
+        raise OptionError(f"model '{model}' does not exist", hint=ACCEPTED_SOURCES)
     return path
+
 
 
 if __name__ == "__main__":

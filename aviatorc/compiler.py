@@ -30,6 +30,7 @@ from aviatorc.ir import Graph, print_graph
 from aviatorc.ir.interpreter import check_feeds
 from aviatorc.options import CompileOptions
 from aviatorc.progress import fan_out, stage
+from aviatorc.workload import check_model_bounds, check_plan_bounds, estimate_plan
 
 REPORT_VERSION = 1
 _logger = logging.getLogger("aviatorc.compile")
@@ -94,16 +95,36 @@ def seconds(value: float) -> str:
 
 
 def plan_summary(plan: Mapping[str, Any]) -> list[str]:
-    """The predicted figures, each next to its physical bound, and under them what the
-    prediction leaves out (the scheduler's notes: uncharged transfers among them)."""
+    """The predicted figures, each with the range the target's assumed figures span and next to
+    its physical bound (naming the term that sets it), and under them what the prediction leaves out."""
+    from aviatorc.report.data import binding_term, binding_text
+
     p, memory = plan["prediction"], plan["memory"]
     bound = p["bound"]
+    ranges = p.get("ranges", {})
+
+    def largest(figure: str) -> str:  # the bound's largest term
+        text = binding_text(binding_term(bound, figure))
+        return f", {text}" if text else ""
+
     notes = [f"  (prediction: {note})" for note in plan.get("notes", [])]
+
+    def span(key: str) -> str:
+        r = ranges.get(key)
+        if not r or r["low"] == r["high"]:
+            return ""
+        moved = {k: abs(b - a) for k, (a, b) in r["sensitivity"].items()}
+        most = max(sorted(moved), key=lambda k: moved[k]) if moved else ""
+        return (f" [{seconds(r['low'])} to {seconds(r['high'])} over the assumed figures"
+                + (f"; most sensitive to {most}" if most and moved[most] > 0 else "") + "]")
+
     return [
-        f"predicted decode: {seconds(p['time_per_token_s'])} per step, {p['tokens_per_s']:,.1f} tokens/s; "
-        f"bound {seconds(bound['token_s'])}, efficiency {p['efficiency']:.3f}",
-        f"predicted time to first token: {seconds(p['ttft_s'])} (bound {seconds(bound['ttft_s'])}); "
-        f"cold start to first token {seconds(p['cold_start_s'])} (bound {seconds(bound['cold_s'])}; "
+        f"predicted decode: {seconds(p['time_per_token_s'])} per step{span('time_per_token_s')}, "
+        f"{p['tokens_per_s']:,.1f} tokens/s; bound {seconds(bound['token_s'])}{largest('token_s')}; "
+        f"efficiency {p['efficiency']:.3f}",
+        f"predicted time to first token: {seconds(p['ttft_s'])}{span('ttft_s')} (bound {seconds(bound['ttft_s'])}"
+        f"{largest('ttft_s')})",
+        f"cold start to first token {seconds(p['cold_start_s'])}{span('cold_start_s')} (bound {seconds(bound['cold_s'])}; "
         f"{seconds(p['cold_start_naive_order_s'])} loading in name order)",
         *notes,
         f"SRAM: KV cache {memory['kv_bytes']:,} bytes in {memory['kv_location']} ({memory['kv_dtype']}), "
@@ -130,18 +151,16 @@ class CompileResult:
         -o` on the saved artifact gives the same bytes."""
         from aviatorc.plan.artifact import WEIGHTS, encode_tensors, to_json_bytes
         from aviatorc.plan.weights import pack_weights
-        from aviatorc.schedule.trace import chrome_trace
 
         files = {"graph.ir": print_graph(self.graph).encode(), "report.json": self.report.to_json().encode()}
         if self.plan is None:
             return files
-        plan = self.plan.to_dict()
         tensors = pack_weights(self.graph, self.placement)
         if tensors is not None:
-            files[WEIGHTS], plan["tensor_dtypes"] = encode_tensors(tensors)
-        files["plan.json"] = to_json_bytes(plan)
+            files[WEIGHTS], self.plan.tensor_dtypes = encode_tensors(tensors)
+        files["plan.json"] = to_json_bytes(self.plan.to_dict(), compact=True)
         files["target.toml"] = self.target.to_toml().encode()
-        files["trace.json"] = to_json_bytes(chrome_trace(self.plan.decode_timeline))
+        files["trace.json"] = to_json_bytes(self.plan.trace or {})
         if html_report:
             from aviatorc.report import ReportSources, render_html, report_data
 
@@ -161,6 +180,8 @@ def compile(  # noqa: A001 - the public verb is `aviatorc.compile`
     *,
     calibration: Iterable[Mapping[str, Any]] | None = None,
     evaluation: Iterable[Mapping[str, Any]] | None = None,
+    calibration_text: str | None = None,
+    tokenizer: str | os.PathLike[str] | None = None,
     log: Callable[[str], None] | None = None,
     **options: Any,
 ) -> CompileResult:
@@ -173,6 +194,10 @@ def compile(  # noqa: A001 - the public verb is `aviatorc.compile`
     Progress is logged with `logging` (loggers under "aviatorc"; records of long stages carry
     `aviatorc.progress.Progress`); nothing is configured here. `log`, when given, is also handed
     each line, and the IR that print_ir_after_change prints (to stdout without `log`).
+
+    `calibration_text` (plain text) calibrates a decoder instead of `calibration` batches: it is
+    tokenized with the model's own tokenizer (a GGUF source's, or `tokenizer`: a folder or .gguf
+    file) and cut into prompts (`aviatorc.runtime.text.text_batches`).
 
     Accuracy is measured on `evaluation` (feed dicts, as `calibration`) when given; otherwise on
     the last quarter of the calibration batches, which calibration then does not see
@@ -204,6 +229,11 @@ def compile(  # noqa: A001 - the public verb is `aviatorc.compile`
     with stage(_logger, f"importing {_describe(source)}", echo=echo) as task:
         graph = import_model(source, example_inputs)
         task.finish(f"{len(graph.nodes)} nodes, {len(graph.initializers)} initializers")
+    check_model_bounds(graph, context=opts.context, prompt=opts.prompt, decoder=False)  # before the passes' time
+    if calibration_text is not None:
+        if calibration is not None:
+            raise OptionError("give calibration batches or calibration text, not both")
+        calibration = _text_calibration(graph, calibration_text, tokenizer)
     timings: dict[str, Any] = {"import_s": round(time.perf_counter() - started, 3)}
     batches, held_out, split = evaluation_split(check_calibration(graph, calibration),
                                                 check_calibration(graph, evaluation, what="evaluation"))
@@ -247,14 +277,20 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
     from aviatorc.partition import make_problem, partition
     from aviatorc.partition.weights import weights_from_graph
     from aviatorc.plan.check import check_plan
+    from aviatorc.plan.records import to_json
     from aviatorc.schedule import Workload, model_facts, plan_memory, schedule
 
     weights = weights_from_graph(graph)
     workload = Workload(opts.batch, opts.context, opts.prompt)
     allowed = list(parse_chiplets(opts.chiplets, target.num_chiplets) or range(target.num_chiplets))
     tiles = make_problem(weights, target, chiplets=allowed).tiles
-    memory = plan_memory(model_facts(graph, tiles), tiles, target, workload, chiplets=allowed, kv=opts.kv_cache,
-                         kv_dtype=opts.kv_dtype)
+    facts = model_facts(graph, tiles)
+    check_model_bounds(graph, context=opts.context, prompt=opts.prompt, decoder=any(facts.kv_width.values()))
+    memory = plan_memory(facts, tiles, target, workload, chiplets=allowed, kv=opts.kv_cache, kv_dtype=opts.kv_dtype)
+    estimate = estimate_plan(memory, report.data["weights"]["total_bytes"])
+    _logger.info(f"KV cache {estimate.kv_bytes:,} bytes in {estimate.kv_location}; the plan streams it in about "
+                 f"{estimate.instructions:,} instructions per decode step")
+    check_plan_bounds(estimate, target, batch=opts.batch, context=opts.context)  # before anything is built
     with stage(_logger, f"partitioning onto {target.name} ({len(allowed)} chiplets)", echo=echo) as task:
         placement = partition(weights, target, time_limit_s=time_limit_s, seed=opts.seed,
                               reserve_bytes=memory.reserve_bytes, chiplets=allowed, solver=opts.solver)
@@ -265,12 +301,25 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
     with stage(_logger, f"scheduling decode (batch {workload.batch}, context {workload.context}) and prefill "
                f"(prompt {workload.prompt})", echo=echo):
         plan = schedule(graph, placement, weights, target, workload, memory, chiplets=allowed, prefetch=opts.prefetch,
+                        ranges=opts.ranges, sweep=opts.sweep,
                         target_sha256=hashlib.sha256(target.to_toml().encode()).hexdigest())
         check_plan(plan, target)  # independent of the scheduler: a failure here is an aviatorc bug
     timings["schedule_s"] = round(time.perf_counter() - started, 3)
-    report.data["plan"] = {"memory": plan.memory, "prediction": plan.prediction, "notes": plan.notes,
+    report.data["plan"] = {"memory": to_json(plan.memory), "prediction": to_json(plan.prediction),
+                           "notes": list(plan.notes),
                            "instructions": {phase: p.count() for phase, p in sorted(plan.programs.items())}}
     return placement, plan
+
+
+def _text_calibration(graph: Graph, text: str, tokenizer: Any) -> list[dict[str, np.ndarray]]:
+    from aviatorc.runtime.text import load_tokenizer, source_tokenizer, text_batches
+
+    path = tokenizer or source_tokenizer(graph)
+    if path is None:
+        raise OptionError("calibration text needs the model's tokenizer, and this model's source carries none",
+                          hint="pass its tokenizer (--tokenizer DIR or a .gguf file), or calibration batches "
+                               "(--calibration FILE.npz)")
+    return text_batches(graph, text, load_tokenizer(path))
 
 
 def make_options(options: dict[str, Any]) -> CompileOptions:
@@ -288,6 +337,8 @@ def make_options(options: dict[str, Any]) -> CompileOptions:
 
 
 def _load_target(opts: CompileOptions) -> Any:
+    """The target `opts.target` names (a shipped name, a TOML path, or a `Target` a pipeline built,
+    for instance with `load_target(..., overrides=...)`), with --cards applied."""
     from aviatorc.target import DEFAULT_TARGET, load_target
 
     return load_target(opts.target or DEFAULT_TARGET, cards=opts.cards)
@@ -405,9 +456,13 @@ def _describe(source: Any) -> str:
 
 
 def _options_dict(opts: CompileOptions) -> dict[str, Any]:
+    from aviatorc.target import Target
+
     out = {}
     for key, value in vars(opts).items():
         if key == "extra":
             continue
+        if isinstance(value, Target):  # a pipeline's own target: its name (target.toml holds every figure)
+            value = value.name
         out[key] = list(value) if isinstance(value, tuple) else value
     return out

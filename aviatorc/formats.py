@@ -12,7 +12,10 @@ Layouts (bytes per [K, N] matrix; G = ceil(K / group) groups, Kp = G * group):
   + G * N * 2 (an fp16 scale per (group, channel)); named `int8-g<group>`.
 - int4: ceil(Kp / 2) * N (K padded up to a multiple of the group, two values per byte along
   K) + G * N * 2 (an fp16 scale per (group, channel)) and, if asymmetric,
-  ceil(G / 2) * N (a 4-bit zero point per (group, channel), two groups per byte along G).
+  ceil(G / 2) * N (a 4-bit zero point per (group, channel), two groups per byte along G), or
+  with `zero="fp16"` G * N * 2 (an fp16 offset per (group, channel): w = code * scale + offset,
+  llama.cpp's Q4_1 and HQQ's float zero; 5 bits a weight at g32, where a 4-bit zero point
+  gives 4.625).
 - mxint8 / mxint4: blocks of `group_size` (32 by default) along K share an 8-bit exponent:
   Kp * N (mxint8) or ceil(Kp / 2) * N (mxint4), + G * N.
 - 2:4 sparsity keeps half of K (Ks = 2 * ceil(K / 4) rows) and a 2-bit index per kept value,
@@ -34,6 +37,7 @@ from aviatorc.errors import OptionError
 KINDS = ("fp32", "fp16", "bf16", "int8", "int4", "mxint8", "mxint4")
 _DENSE_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8, "int4": 4, "mxint8": 8, "mxint4": 4}
 GROUP_SIZES = (32, 64, 128)
+ZERO_KINDS = ("int", "fp16")  # asymmetric int4's zero: a 4-bit zero point, or an fp16 offset
 _ALWAYS_GROUPED = ("int4", "mxint8", "mxint4")  # int8 is grouped only with a group size (else per channel)
 
 
@@ -45,6 +49,7 @@ class WeightFormat:
     group_size: int = 0  # elements along K sharing a scale; 0 where not grouped (int8: per output channel)
     symmetric: bool = True
     sparsity: str = ""  # "" or "2:4"
+    zero: str = "int"  # asymmetric int4: "int", a 4-bit zero point; "fp16", an fp16 offset (see ZERO_KINDS)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -53,6 +58,16 @@ class WeightFormat:
             raise OptionError(f"format '{self.kind}' needs a positive group size, not {self.group_size}")
         if self.sparsity not in ("", "2:4"):
             raise OptionError(f"unknown sparsity '{self.sparsity}'", hint="the only structured sparsity is '2:4'")
+        if self.zero not in ZERO_KINDS or self.zero != "int" and (self.kind != "int4" or self.symmetric or self.sparsity):
+            raise OptionError(f"zero '{self.zero}' is not a zero point of format '{self.kind}'"
+                              + (" (symmetric)" if self.symmetric else "")
+                              + (" (2:4 sparse: a pruned weight must read 0)" if self.sparsity else ""),
+                              hint="an fp16 offset is dense asymmetric int4's alone; zero kinds: " + ", ".join(ZERO_KINDS))
+
+    @property
+    def float_zero(self) -> bool:
+        """Whether each group stores an fp16 offset (w = code * scale + offset) instead of a 4-bit zero point."""
+        return self.zero == "fp16"
 
     @property
     def grouped(self) -> bool:
@@ -69,7 +84,7 @@ class WeightFormat:
         if self.grouped:
             text += f"-g{self.group_size}"
         if self.kind == "int4" and not self.symmetric:
-            text += "-asym"
+            text += "-asym" + ("-fp16zero" if self.float_zero else "")
         if self.sparsity:
             text += "-sp" + self.sparsity.replace(":", "")
         return text
@@ -95,18 +110,22 @@ class WeightFormat:
         if self.kind in ("int4", "int8"):
             scales = groups * n * 2  # fp16 per (group, channel)
             asymmetric = self.kind == "int4" and not self.symmetric  # int8 is symmetric only
-            zeros = math.ceil(groups / 2) * n if asymmetric else 0  # two groups per byte along G
+            zeros = (groups * n * 2 if self.float_zero  # an fp16 offset per (group, channel)
+                     else math.ceil(groups / 2) * n if asymmetric else 0)  # two groups per byte along G
             return values + scales + zeros
         return values + groups * n  # mx: one shared 8-bit exponent per block
 
     def to_attrs(self) -> dict[str, Any]:
-        return {"format": self.kind, "group_size": self.group_size, "symmetric": int(self.symmetric),
-                "sparsity": self.sparsity}
+        attrs: dict[str, Any] = {"format": self.kind, "group_size": self.group_size, "symmetric": int(self.symmetric),
+                                 "sparsity": self.sparsity}
+        if self.float_zero:  # only then: the other formats' attributes (and plans) stay as they were
+            attrs["zero"] = self.zero
+        return attrs
 
     @classmethod
     def from_attrs(cls, attrs: dict[str, Any]) -> WeightFormat:
         return cls(str(attrs["format"]), int(attrs.get("group_size", 0)), bool(attrs.get("symmetric", 1)),
-                   str(attrs.get("sparsity", "")))
+                   str(attrs.get("sparsity", "")), str(attrs.get("zero", "int")))
 
 
 def dense_format(dtype: str) -> WeightFormat:

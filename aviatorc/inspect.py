@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aviatorc.ir import Graph
+from aviatorc.ir.data import Derived
 from aviatorc.ir.text import format_type
 from aviatorc.ir.types import FLOAT_DTYPES, itemsize
 
@@ -17,7 +18,7 @@ class GraphSummary:
     outputs: tuple[tuple[str, str], ...]
     op_census: dict[str, int]
     num_nodes: int
-    num_parameters: int  # elements of floating-point initializers
+    num_parameters: int  # elements of floating-point initializers, a tied copy (the transposed table of a tied head) once
     bytes_by_dtype: dict[str, int]
     shape_only: bool
 
@@ -38,13 +39,17 @@ def summarize(graph: Graph) -> GraphSummary:
     bytes_by_dtype: dict[str, int] = {}
     params = 0
     shape_only = False
+    counted: set[int] = set()  # the bytes already counted as parameters, by the identity of their source
     for value in graph.initializers.values():
         if not value.type.is_static:
             continue
         numel = value.type.numel()
         bytes_by_dtype[value.type.dtype] = bytes_by_dtype.get(value.type.dtype, 0) + numel * itemsize(value.type.dtype)
-        if value.type.dtype in FLOAT_DTYPES:
+        source = root_data(value.data)
+        if value.type.dtype in FLOAT_DTYPES and (source is None or id(source) not in counted):
             params += numel
+            if source is not None:
+                counted.add(id(source))
         shape_only = shape_only or (value.data is not None and not value.data.available)
     return GraphSummary(
         name=graph.name,
@@ -56,6 +61,13 @@ def summarize(graph: Graph) -> GraphSummary:
         bytes_by_dtype=dict(sorted(bytes_by_dtype.items())),
         shape_only=shape_only,
     )
+
+
+def root_data(data: object) -> object | None:
+    """The stored bytes `data` is computed from (a lazy transpose's source), or None."""
+    while isinstance(data, Derived):
+        data = data.source
+    return data
 
 
 def human_bytes(n: float) -> str:

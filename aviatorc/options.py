@@ -10,9 +10,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from aviatorc.errors import OptionError
 from aviatorc.formats import GROUP_SIZES
+
+if TYPE_CHECKING:  # the target package imports this module (check_cards)
+    from aviatorc.target.spec import Target
 
 QUANT_CHOICES = ("int8", "int4", "mxint8", "mxint4", "fp16", "bf16")
 SPARSITY_CHOICES = ("2:4",)
@@ -31,16 +35,16 @@ DEFAULT_GROUP_SIZE = 32  # int4 and MX when group_size is None; int8 stays per o
 class CompileOptions:
     """Everything that shapes a compile, except the model and the calibration data."""
 
-    target: str | None = None  # a shipped target name or a path to a TOML file
+    target: str | Target | None = None  # a shipped target name, a path to a TOML file, or a Target
     cards: int | None = None
     quant: str | None = None
     # Rows along K sharing one scale (32/64/128). None: the format's default, 32 for int4 and MX, per
     # output channel for int8 (group-wise int8 only when asked for: `group_size=128`); 0 asks for
     # per-channel int8 explicitly. `weight_group_size` is what the weights get.
     group_size: int | None = None
-    # int4 zero points. None: the default, asymmetric when calibration data is given, symmetric without
-    # (`int4_symmetric` in passes/quantize.py, with the figures behind it: held out on all-MiniLM-L6-v2
-    # INT4 g32 GPTQ, tools/bench_defaults.py, mean cosine 0.99336 asymmetric against 0.99191 symmetric).
+    # int4 zero points. None: the default, asymmetric with 4-bit zero points when calibration data is
+    # given, asymmetric with an fp16 offset per group without (`int4_zero` in passes/quantize.py, with
+    # the figures behind it: tools/bench_defaults.py and tools/bench_int4_default.py).
     symmetric: bool | None = None
     sparsity: str | None = None
     sparsity_method: str = "magnitude"  # "wanda" / "sparsegpt" need calibration data
@@ -57,6 +61,8 @@ class CompileOptions:
     context: int = 2048
     prompt: int = 128
     prefetch: bool = True  # overlap streamed weights' loads with compute (off: load just before use)
+    ranges: bool = True  # re-time the plan over the target's assumed figures (their ranges and sensitivity)
+    sweep: bool = True  # time per token over other batches and contexts
     kv_cache: str = "auto"  # "auto", "sram" or "lpddr"
     kv_dtype: str = "fp16"  # "fp16", "bf16" or "int8"
     # The partitioner: "greedy", or "cpsat" (greedy, then CP-SAT per layer). Greedy by default: on the
@@ -82,11 +88,9 @@ class CompileOptions:
                               hint=f"choose one of {', '.join(SPARSITY_METHODS)}")
         if self.activations is not None and self.activations not in ACTIVATION_METHODS:
             raise OptionError(f"unknown activation calibration '{self.activations}'", hint="choose minmax or percentile")
-        for name in ("batch", "prompt"):
+        for name in ("batch", "context", "prompt"):  # a plan for no sequence or no token is no plan
             if getattr(self, name) < 1:
                 raise OptionError(f"{name} (--{name}) must be at least 1, got {getattr(self, name)}")
-        if self.context < 0:
-            raise OptionError(f"context (--context) must be 0 or more, got {self.context}")
         if self.kv_cache not in KV_CACHE_CHOICES:
             raise OptionError(f"unknown KV cache placement '{self.kv_cache}'",
                               hint=f"choose one of {', '.join(KV_CACHE_CHOICES)}")

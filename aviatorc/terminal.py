@@ -133,6 +133,26 @@ def configure_logging(*, quiet: bool = False, verbose: bool = False, stream: Any
         logger.propagate = saved[1]
 
 
+def stdout_console() -> Any:
+    """The rich console a command prints its result on: no markup (paths and model names are
+    printed as they are: "[v2]" is not a style tag), and off a terminal as wide as its lines
+    (a file or a pipe gets whole lines, not 80-column wrapping). A reader that stops early
+    (`aviatorc report ART | head`) raises BrokenPipeError, which the command line answers with
+    status 0, where rich's own handler would exit 1."""
+    from rich.console import Console
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    wide = None if _is_terminal(sys.stdout) else UNWRAPPED_WIDTH
+    return _Console(highlight=False, markup=False, width=wide)
+
+
+UNWRAPPED_WIDTH = 100_000  # characters: rich needs a width; off a terminal no line comes near it
+
+
 def _count(completed: int, total: int | None) -> str:
     return f"{completed}/{total}" if total is not None else ""  # a stage without a count shows only its time
 

@@ -27,7 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--init", help="(spawned by a Session) the group's init method")
     parser.add_argument("--parent", type=int, help="(spawned by a Session) the driver's pid: exit when it is gone")
     args = parser.parse_args(argv)
-    from aviatorc.runtime.distributed import serve_rank
+    from aviatorc.backends.cluster import serve_rank
 
     if args.rank is not None:  # spawned by a Session's Cluster
         serve_rank(args.artifact, args.rank, args.world, init=args.init, timeout_s=args.timeout, parent=args.parent)
@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("run under torchrun (RANK and WORLD_SIZE set), or use `aviatorc run --world N`")
     import torch.distributed as dist
 
-    from aviatorc.runtime.distributed import GROUP_TIMEOUT
+    from aviatorc.backends.cluster import GROUP_TIMEOUT
 
     dist.init_process_group("gloo", timeout=GROUP_TIMEOUT)
     rank, world = dist.get_rank(), dist.get_world_size()

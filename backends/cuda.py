@@ -57,18 +57,17 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
+from aviatorc.backends.contract import NotRunnableError, WeightStore
 from aviatorc.backends.sim import SimBackend, _Run
 
 from aviatorc.ir import Graph
-from aviatorc.plan.ir import Instr, Program
-from aviatorc.runtime.errors import NotRunnableError
-from aviatorc.runtime.weights import WeightStore
+from aviatorc.plan.ir import Free, Load, Program, Signal, Wait
 
 ALIGN = 64  # slot offsets in float32 elements (256 bytes): aligned copies and GEMM operands
 STREAMS = ("copy", "compute")
 
 # Pinned tiles by WeightStore: a session's programs (prefill, decode) share one host copy.
-_PINNED: weakref.WeakKeyDictionary[WeightStore, dict[str, torch.Tensor]] = weakref.WeakKeyDictionary()
+_PINNED: weakref.WeakKeyDictionary[WeightStore, dict[int, torch.Tensor]] = weakref.WeakKeyDictionary()
 
 
 def cuda_missing() -> str | None:
@@ -194,7 +193,7 @@ def _layout(program: Program, weights: WeightStore) -> _Layout:
     for c in sorted({b.chiplet for b in program.buffers.values()} | set(program.streams)):
         at = base
         for b in sorted(program.buffers.values(), key=lambda b: b.name):
-            tile = weights.tiles.get(b.tile)
+            tile = _tile_of(weights, b.tile)
             if b.chiplet == c and b.kind == "resident" and tile is not None:
                 slot = _Slot(at, tile.rows[1] - tile.rows[0], tile.cols[1] - tile.cols[0])
                 resident[(c, b.name)] = slot
@@ -202,13 +201,13 @@ def _layout(program: Program, weights: WeightStore) -> _Layout:
         staged_from, end = at, at
         live: dict[str, _Slot] = {}
         for step, ins in enumerate(program.streams.get(c, [])):
-            if ins.op not in ("load", "free"):
+            if not isinstance(ins, (Load, Free)):
                 continue
-            buffer = program.buffers.get(ins["buf"])
-            tile = weights.tiles.get(buffer.tile) if buffer is not None else None
+            buffer = program.buffers.get(ins.buf)
+            tile = _tile_of(weights, buffer.tile) if buffer is not None else None
             if buffer is None or tile is None or buffer.chiplet != c or buffer.kind != "staging":
                 continue
-            if ins.op == "free":
+            if isinstance(ins, Free):
                 live.pop(buffer.name, None)
             elif buffer.name not in live:
                 rows, cols = tile.rows[1] - tile.rows[0], tile.cols[1] - tile.cols[0]
@@ -218,6 +217,11 @@ def _layout(program: Program, weights: WeightStore) -> _Layout:
         per_chiplet[c] = end - base
         base = end
     return _Layout(resident, staging, base, per_chiplet)
+
+
+def _tile_of(weights: WeightStore, tile: int | None) -> Any:
+    """The plan's record of a weight tile (None for a KV block, scratch, or an index out of range)."""
+    return weights.tiles[tile] if tile is not None and 0 <= tile < len(weights.tiles) else None
 
 
 # -- the backend ---------------------------------------------------------------------------
@@ -248,14 +252,19 @@ class CudaBackend(SimBackend):
     def _view(self, slot: _Slot) -> torch.Tensor:
         return self.pool[slot.offset:slot.stop].view(slot.rows, slot.cols)
 
-    def pinned(self, tile_id: str) -> torch.Tensor:
+    def pinned(self, tile: int) -> torch.Tensor:
         """The tile's float32 matrix in host memory the copy engine reads (pinned on a GPU)."""
         tiles = _PINNED.setdefault(self.weights, {})
-        found = tiles.get(tile_id)
+        found = tiles.get(tile)
         if found is None:
-            host = torch.from_numpy(np.ascontiguousarray(self.weights.tile(tile_id), dtype=np.float32))
-            found = tiles[tile_id] = host.pin_memory() if self.device.type == "cuda" else host
+            host = torch.from_numpy(np.ascontiguousarray(self.weights.tile(tile), dtype=np.float32))
+            found = tiles[tile] = host.pin_memory() if self.device.type == "cuda" else host
         return found
+
+    def tile_of(self, buffer: str) -> int:
+        tile = self.program.buffers[buffer].tile
+        assert tile is not None  # only weight buffers get slots (`_layout`)
+        return tile
 
     def timeline(self) -> _Timeline:
         return _CudaTimeline(self.cuda_streams, self.device) if self.cuda_streams else _HostTimeline()
@@ -265,9 +274,11 @@ class CudaBackend(SimBackend):
         first copy would otherwise wait for the host to read, dequantize and pin it)."""
         start = time.perf_counter()
         for (_, name), view in self.resident.items():
-            view.copy_(self.pinned(self.program.buffers[name].tile))
+            view.copy_(self.pinned(self.tile_of(name)))
         for (c, step) in self.layout.staging:
-            self.pinned(self.program.buffers[self.program.streams[c][step]["buf"]].tile)
+            load = self.program.streams[c][step]
+            assert isinstance(load, Load)
+            self.pinned(self.tile_of(load.buf))
         if self.cuda_streams:
             torch.cuda.synchronize(self.device)
         self._cold_start_ms = (time.perf_counter() - start) * 1e3
@@ -301,12 +312,12 @@ class _CudaRun(_Run):
 
     # -- the plan's memory and events --------------------------------------------------------
 
-    def _load(self, c: int, step: int, ins: Instr) -> None:
-        super()._load(c, step, ins)
+    def on_load(self, c: int, step: int, ins: Load, now: float) -> float:
+        super().on_load(c, step, ins, now)
         slot = self.gpu.layout.staging.get((c, step))
         if slot is None:  # a staged KV chunk: the cache is the session's, nothing to copy
-            return
-        name = ins["buf"]
+            return now
+        name = ins.buf
         kept = []
         for freed, mark in self.freed.get(c, []):
             if freed.offset < slot.stop and slot.offset < freed.stop:  # reuses memory a kernel may still read
@@ -314,7 +325,7 @@ class _CudaRun(_Run):
             else:
                 kept.append((freed, mark))
         self.freed[c] = kept
-        source = self.gpu.pinned(self.b.program.buffers[name].tile)
+        source = self.gpu.pinned(self.gpu.tile_of(name))
         view = self.gpu._view(slot)
         with self.timeline.on("copy"):
             begin = self.timeline.record("copy")
@@ -323,35 +334,36 @@ class _CudaRun(_Run):
         self.copies.append((begin, end))
         self.copied_bytes += source.numel() * source.element_size()
         self.slots[(c, name)], self.placed[(c, name)], self.landed[(c, name)] = view, slot, end
+        return now
 
-    def _wait(self, c: int, step: int, event: str) -> bool:
-        if not super()._wait(c, step, event):
-            return False
-        mark = self.landed.get((c, event), self.signals.get(event))
-        if mark is not None:
-            self.timeline.wait("compute", mark)
-        return True
+    def on_wait(self, c: int, step: int, ins: Wait, now: float) -> float | None:
+        after = super().on_wait(c, step, ins, now)
+        if after is not None:
+            mark = self.landed.get((c, ins.event), self.signals.get(ins.event))
+            if mark is not None:
+                self.timeline.wait("compute", mark)
+        return after
 
-    def _free(self, c: int, step: int, name: str) -> None:
-        super()._free(c, step, name)
-        slot = self.placed.pop((c, name), None)
-        self.slots.pop((c, name), None)
-        self.landed.pop((c, name), None)
+    def on_free(self, c: int, step: int, ins: Free, now: float) -> float:
+        super().on_free(c, step, ins, now)
+        slot = self.placed.pop((c, ins.buf), None)
+        self.slots.pop((c, ins.buf), None)
+        self.landed.pop((c, ins.buf), None)
         if slot is not None:
             self.freed.setdefault(c, []).append((slot, self.timeline.record("compute")))
+        return now
 
-    def step(self, c: int, step: int, ins: Instr) -> bool:
-        if ins.op == "signal":
-            self.signals[ins["event"]] = self.timeline.record("compute")
-        return super().step(c, step, ins)
+    def on_signal(self, c: int, step: int, ins: Signal, now: float) -> float:
+        self.signals[ins.event] = self.timeline.record("compute")
+        return super().on_signal(c, step, ins, now)
 
     # -- the kernels that read weight buffers ------------------------------------------------
 
-    def _strip_product(self, c: int, buf: str, slot: int, tile_id: str, a: int, b: int, dtype: np.dtype) -> int:
+    def _strip_product(self, c: int, buf: str, slot: int, tile: int, a: int, b: int, dtype: np.dtype) -> int:
         x = self.env[slot]
         out_dtype = np.result_type(x.dtype, dtype)
         if not (_torch_takes(x.dtype) and _torch_takes(dtype)):
-            return super()._strip_product(c, buf, slot, tile_id, a, b, dtype)
+            return super()._strip_product(c, buf, slot, tile, a, b, dtype)
         with self.timeline.on("compute"):
             x_d = self._to_device(x).to(_torch_dtype(out_dtype))
             begin = self.timeline.record("compute")
@@ -365,7 +377,7 @@ class _CudaRun(_Run):
 
     def _table_rows(self, c: int, buf: str, rows: np.ndarray, index: np.ndarray) -> np.ndarray:  # type: ignore[override]
         slot = self.slots[(c, buf)]
-        table = slot if self.b.weights.tiles[self.b.program.buffers[buf].tile].is_embedding else slot.T
+        table = slot if self.b.weights.tiles[self.gpu.tile_of(buf)].is_embedding else slot.T
         with self.timeline.on("compute"):
             index_d = self._to_device(index)
             begin = self.timeline.record("compute")

@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from aviatorc.backends.contract import RankFailed, RuntimeFault, WeightStore
 from aviatorc.backends.sim import SimBackend, _Run
 
 from aviatorc.ir import Graph
-from aviatorc.plan.ir import Instr, Program
-from aviatorc.runtime.errors import RankFailed, RuntimeFault
-from aviatorc.runtime.weights import WeightStore
+from aviatorc.plan.interpret import BLOCKED
+from aviatorc.plan.ir import Instruction, Program, Recv, Send
 
 _DTYPES = ("float32", "float16", "float64", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
 _MAX_RANK = 8
@@ -166,7 +166,8 @@ class RankBackend(SimBackend):
         super().__init__(program, graph, weights, sram_bytes=sram_bytes)
         self.rank, self.link = rank, link
         self.streams = {c: stream for c, stream in sorted(program.streams.items()) if link.rank_of_chiplet(c) == rank}
-        cross = sorted(k for k in self.sends if link.rank_of_chiplet(k[1]) != link.rank_of_chiplet(k[2]))
+        cross = sorted((k for k in self.sends if link.rank_of_chiplet(k[1]) != link.rank_of_chiplet(k[2])),
+                       key=lambda k: (str(k[0]), k[1], k[2]))
         self.tags = {key: tag_base + 2 * i for i, key in enumerate(cross)}
         self.record = False  # per-instruction wall-clock spans, for the merged trace
 
@@ -190,63 +191,77 @@ class _RankRun(_Run):
         self.spans: list[tuple[int, int, int, int]] = []  # (chiplet, step, start ns, duration ns)
         self._waiting_since: float | None = None
 
-    def step(self, c: int, step: int, ins: Instr) -> bool:
+    def step(self, c: int, step: int, ins: Instruction, now: float) -> float | None:
         start = time.time_ns() if self.b.record else 0
-        done = self._step(c, step, ins)
-        if done and self.b.record:
+        after = super().step(c, step, ins, now)
+        if after is not BLOCKED and self.b.record:
             self.spans.append((c, step, start, time.time_ns() - start))
-        return done
+        return after
 
-    def _step(self, c: int, step: int, ins: Instr) -> bool:
-        rank_of = self.b.link.rank_of_chiplet
-        if ins.op == "send":
-            edge = self.edges.setdefault((c, ins["to"]), [0, 0])
-            edge[0] += 1
-            edge[1] += int(ins["bytes"])
-            if rank_of(ins["to"]) != self.b.rank:
-                self.b.link.send(self._read_label(c, step, ins["value"]), rank_of(ins["to"]),
-                                 self.b.tags[(ins["value"], c, ins["to"])])
-                self.counts.bytes_sent += int(ins["bytes"])
-                self.ops["send"] += 1
-                return True
-        elif ins.op == "recv" and rank_of(ins["src"]) != self.b.rank:
-            key = (ins["value"], ins["src"], c)
+    def _remote(self, chiplet: int) -> int | None:
+        """The rank running `chiplet`, when it is not this one."""
+        rank = self.b.link.rank_of_chiplet(chiplet)
+        return rank if rank != self.b.rank else None
+
+    def on_send(self, c: int, step: int, ins: Send, now: float) -> float:
+        edge = self.edges.setdefault((c, ins.to), [0, 0])
+        edge[0] += 1
+        edge[1] += ins.bytes
+        rank = self._remote(ins.to)
+        if rank is None:
+            return super().on_send(c, step, ins, now)
+        self.b.link.send(self._read_label(c, step, ins.value), rank, self.b.tags[(ins.value, c, ins.to)])
+        self.counts.bytes_sent += ins.bytes
+        return now
+
+    def on_recv(self, c: int, step: int, ins: Recv, now: float) -> float | None:
+        rank = self._remote(ins.src)
+        key = self.transfer_key(ins.value, ins.src, c)
+        if rank is not None and key not in self.mailbox:
             if key not in self.b.tags:
-                raise self.fault(c, step, "unmatched-recv", f"no stream sends '{ins['value']}' from chiplet "
-                                 f"{ins['src']} to chiplet {c}")
-            try:
-                array = self.b.link.poll(rank_of(ins["src"]), self.b.tags[key])
-            except RankFailed:
-                raise
-            except RuntimeFault as error:
-                raise self.fault(c, step, error.rule, error.message) from None
-            if array is None:
-                return False
-            self._waiting_since = None
-            self._store(c, ins["value"], array)
-            self.ops["recv"] += 1
-            return True
-        return super().step(c, step, ins)
+                raise self.fault(c, step, "unmatched-recv", f"no stream sends '{ins.value}' from chiplet "
+                                 f"{ins.src} to chiplet {c}")
+            self._poll(c, step, ins)  # starts the receive; it is picked up while the streams are stalled
+        return super().on_recv(c, step, ins, now)
 
-    def _await_external(self) -> bool:
-        """Every stream here is blocked: if one waits on another rank, wait a little for it (a
-        fault past the timeout); otherwise nothing can come, and the sim reports the deadlock."""
-        rank_of = self.b.link.rank_of_chiplet
-        for c, stream in self.b.streams.items():
-            step = self.pc[c]
-            ins = stream[step] if step < len(stream) else None
-            if ins is not None and ins.op == "recv" and rank_of(ins["src"]) != self.b.rank:
-                if self._waiting_since is None:
-                    self._waiting_since = time.monotonic()
-                try:
-                    self.b.link.pause(self._waiting_since + self.b.link.timeout_s,
-                                      f"'{ins['value']}' from chiplet {ins['src']} (rank {rank_of(ins['src'])})")
-                except RankFailed:
-                    raise
-                except RuntimeFault as error:
-                    raise self.fault(c, step, error.rule, error.message) from None
-                return True
-        return False
+    def _poll(self, c: int, step: int, ins: Recv) -> bool:
+        """Whether the message `ins` waits for has arrived (it is then in the mailbox)."""
+        rank = self.b.link.rank_of_chiplet(ins.src)
+        key = self.transfer_key(ins.value, ins.src, c)
+        try:
+            array = self.b.link.poll(rank, self.b.tags[key])
+        except RankFailed:
+            raise
+        except RuntimeFault as error:
+            raise self.fault(c, step, error.rule, error.message) from None
+        if array is None:
+            return False
+        self.mailbox[key] = self._new(array)
+        self.fire(key, 0.0)
+        return True
+
+    def on_stall(self, blocked: dict[int, int]) -> bool:
+        """Every stream here is blocked: if one waits on another rank, take what has arrived, or
+        wait a little for it (a fault past the timeout); otherwise nothing can come, and the sim
+        reports the deadlock."""
+        remote = [(c, step, ins) for c, step in blocked.items()
+                  for ins in [self.b.streams[c][step]] if isinstance(ins, Recv) and self._remote(ins.src) is not None]
+        if not remote:
+            return False
+        if any([self._poll(c, step, ins) for c, step, ins in remote]):
+            self._waiting_since = None
+            return True
+        if self._waiting_since is None:
+            self._waiting_since = time.monotonic()
+        c, step, ins = remote[0]
+        try:
+            self.b.link.pause(self._waiting_since + self.b.link.timeout_s,
+                              f"'{ins.value}' from chiplet {ins.src} (rank {self.b.link.rank_of_chiplet(ins.src)})")
+        except RankFailed:
+            raise
+        except RuntimeFault as error:
+            raise self.fault(c, step, error.rule, error.message) from None
+        return True
 
     def local_outputs(self) -> dict[str, tuple[tuple[bool, int], np.ndarray]]:
         """The graph outputs this rank holds, each with the sim's preference key (a whole value

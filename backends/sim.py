@@ -10,22 +10,24 @@ the next stream runs; a round in which no stream moves is a deadlock. Time is no
 here (`aviatorc.schedule.simulate` does that); a `load` lands when it is issued.
 
 What each instruction does (`aviatorc.plan.ir` defines the plan IR):
-- `compute node=N part=""`: graph node N with its IR kernel (`aviatorc.ir.ops`) on the values
-  on this chiplet; `part=cols:A:B` of a MatMul: `x @ W[:, A:B]` with W the tile of its weight
-  buffer, dequantized once per session; `part=rows:A:B` of a Gather: the lookup of the ids in
-  [A, B) (zeros for the others); `part=kv:I:N` (chunk I of the KV cache): the node runs whole
+- `compute node=N` (no part): graph node N with its IR kernel (`aviatorc.ir.ops`) on the values
+  on this chiplet; part `cols:A:B` of a MatMul: `x @ W[:, A:B]` with W the tile of its weight
+  buffer, dequantized once per session; part `rows:A:B` of a Gather: the lookup of the ids in
+  [A, B) (zeros for the others); part `kv:I:N` (chunk I of the KV cache): the node runs whole
   with its last chunk. Parts are kept apart until a reader needs the value on that chiplet;
   then they are assembled (columns concatenated in order, row partials summed), and all of
   the node's parts in the program must be there by then.
-- `send V to=D` / `recv V src=S`: V is a value, or a part `name[cols:A:B]`; its array moves.
+- `send V to=D` / `recv V src=S`: V is a value, or a part of one; its array moves.
 - `load` / `wait` / `free`: a staging buffer's life, checked as it runs.
+- `store` / `host`: nothing to compute (the session keeps the KV cache and samples).
 
-Rules enforced as it runs, each a `RuntimeFault` naming the stream and step (the checks of
-`aviatorc.plan.check`, re-proved on the real run): a staging buffer read before its `load` and
-a `wait` on it, or after its `free`; a chiplet's SRAM over capacity (resident, KV and scratch
-buffers for the whole program, plus the live staging buffers); a `recv` with no `send`; a value
-read where no instruction brought it; a staging buffer left live; a deadlock. A run that
-faults returns nothing.
+Rules enforced as it runs, each a `RuntimeFault` naming the stream and step: the staging rules
+of `aviatorc.plan.check.StagingRules` re-proved on the real run (a staging buffer read before
+its `load` and a `wait` on it, or after its `free`; a chiplet's SRAM over capacity: resident,
+KV and scratch buffers for the whole program, plus the live staging buffers; a staging buffer
+left live), a `recv` with no `send`, a value read where no instruction brought it, a deadlock.
+The streams are walked by `aviatorc.plan.interpret.StreamInterpreter`, as the checker and the
+simulator walk them. A run that faults returns nothing.
 
 The first run of a program is the checked one: it executes every instruction as above and
 records, in the order it ran them, each computation it made (a kernel, a strip product, a table
@@ -43,65 +45,46 @@ Not handled: tiles that split a MatMul weight's K rows (the partitioner cuts col
 
 from __future__ import annotations
 
-import functools
-import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from aviatorc.backends.contract import Precedence, RunCounts, RuntimeFault, WeightStore
 
 from aviatorc.errors import AviatorError
 from aviatorc.ir import Graph, Node, Value
 from aviatorc.ir.ops import get_op
 from aviatorc.ir.types import numpy_dtype
-from aviatorc.plan.ir import Buffer, Instr, Program, format_instr
-from aviatorc.runtime.errors import RuntimeFault
-from aviatorc.runtime.precedence import Precedence
-from aviatorc.runtime.weights import WeightStore
+from aviatorc.plan.check import StagingRules, over_capacity
+from aviatorc.plan.interpret import BLOCKED, StreamInterpreter
+from aviatorc.plan.ir import (
+    Compute,
+    Free,
+    Host,
+    Instruction,
+    Load,
+    Part,
+    Program,
+    Recv,
+    Send,
+    Signal,
+    Store,
+    ValueRef,
+    Wait,
+    format_instr,
+)
 
-_PART_LABEL = re.compile(r"(.*)\[((?:cols|rows|kv):\d+:\d+)\]\Z")  # a sent part: "value[cols:A:B]"
-_PART = re.compile(r"(cols|rows|kv):(\d+):(\d+)\Z")
-
-
-@functools.cache
-def _split_label(label: str) -> tuple[str, str] | None:
-    """(value, part) of a sent part's label, None for a whole value (parsed once per label)."""
-    match = _PART_LABEL.match(label)
-    return (match.group(1), match.group(2)) if match else None
-
-
-@functools.cache
-def _parse_part(part: str) -> tuple[str, int, int] | None:
-    """(kind, start, stop) of a compute's part, None if it is not one (parsed once per part)."""
-    match = _PART.match(part)
-    return (match.group(1), int(match.group(2)), int(match.group(3))) if match else None
-
-
-@dataclass
-class RunCounts:
-    """What one run did: instructions by op, bytes moved, peak SRAM per chiplet, and figures
-    only some backends have (`extra`: the cuda backend's timings under "cuda")."""
-
-    instructions: dict[str, int] = field(default_factory=dict)
-    bytes_loaded: int = 0
-    bytes_sent: int = 0
-    peak_sram_bytes: dict[int, int] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
+__all__ = ["RunCounts", "SimBackend"]
 
 
 @dataclass
 class _Chiplet:
-    """One chiplet's state during a run; values and parts are slots of the run's `env`."""
+    """One chiplet's values during a run; values and parts are slots of the run's `env`."""
 
     values: dict[str, int] = field(default_factory=dict)
-    parts: dict[str, dict[str, int]] = field(default_factory=dict)  # value -> part -> slot
-    live: dict[str, int] = field(default_factory=dict)  # staging buffer -> step of its load
-    waited: set[str] = field(default_factory=set)
-    freed: dict[str, int] = field(default_factory=dict)  # staging buffer -> step of its free
-    staged_bytes: int = 0
-    peak_bytes: int = 0
+    parts: dict[str, dict[Part, int]] = field(default_factory=dict)  # value -> part -> slot
 
 
 class SimBackend:
@@ -116,54 +99,42 @@ class SimBackend:
         self._replay: _Replay | None = None
         self.nodes: dict[str, Node] = {n.name: n for n in graph.nodes}
         self.streams = {c: program.streams[c] for c in sorted(program.streams)}
-        self.held = {c: 0 for c in self.streams}  # bytes held for the whole program
-        for b in program.buffers.values():
-            if b.kind != "staging":
-                self.held[b.chiplet] = self.held.get(b.chiplet, 0) + b.bytes
-        self._check_held()
+        over_capacity(program, sram_bytes, self._held_fault)
         # Every part of each node, across all streams: what the value's home must collect.
-        self.parts_of: dict[str, set[str]] = {}
-        self.kv_chunks: dict[str, int] = {}
-        sends: set[tuple[str, int, int]] = set()
+        self.parts_of: dict[str, set[Part]] = {}
+        sends: set[tuple[ValueRef, int, int]] = set()
         self.signalled: set[str] = set()
         for c, _, ins in program.instructions():
-            if ins.op == "compute" and ins["part"]:
-                self.parts_of.setdefault(self._output(ins["node"]).name, set()).add(ins["part"])
-            elif ins.op == "send":
-                sends.add((ins["value"], c, ins["to"]))
-            elif ins.op == "signal":
-                self.signalled.add(ins["event"])
+            if isinstance(ins, Compute) and ins.part is not None:
+                self.parts_of.setdefault(self._output(ins.node).name, set()).add(ins.part)
+            elif isinstance(ins, Send):
+                sends.add((ins.value, c, ins.to))
+            elif isinstance(ins, Signal):
+                self.signalled.add(ins.event)
         self.sends = frozenset(sends)
         self.attrs = {n.name: self._attrs(n) for n in graph.nodes}
         self.kernels = {n.name: get_op(n.op).kernel for n in graph.nodes}
-        self._strips: dict[tuple[str, int, int], np.ndarray] = {}
+        self._strips: dict[tuple[int, int, int], np.ndarray] = {}
         self.precedence = Precedence()  # a session shares one across its programs' backends
 
     # -- set-up --------------------------------------------------------------------------
 
-    def _check_held(self) -> None:
-        for c, held in sorted(self.held.items()):
-            if held > self.sram_bytes:
-                by_kind = Counter[str]()
-                for b in self.program.buffers.values():
-                    if b.chiplet == c and b.kind != "staging":
-                        by_kind[b.kind] += b.bytes
-                parts = ", ".join(f"{kind} {n:,}" for kind, n in sorted(by_kind.items()))
-                raise RuntimeFault(f"chiplet {c} holds {held:,} bytes for the whole program ({parts}) but has "
-                                   f"{self.sram_bytes:,} bytes of SRAM", rule="over-capacity", chiplet=c,
-                                   hint="recompile for this target: the plan was made for a larger SRAM")
+    @staticmethod
+    def _held_fault(rule: str, message: str, c: int, step: int | None) -> RuntimeFault:
+        return RuntimeFault(message, rule=rule, chiplet=c,
+                            hint="recompile for this target: the plan was made for a larger SRAM")
 
     def _attrs(self, node: Node) -> dict[str, Any]:
         attrs = get_op(node.op).resolve_attrs(node.attrs, node.name)
         attrs["_num_outputs"] = len(node.outputs)
         return attrs
 
-    def strip(self, tile_id: str, a: int, b: int, dtype: np.dtype) -> np.ndarray:
+    def strip(self, tile: int, a: int, b: int, dtype: np.dtype) -> np.ndarray:
         """Columns [a, b) of a tile's dequantized matrix, contiguous, cached for the session."""
-        key = (tile_id, a, b)
+        key = (tile, a, b)
         found = self._strips.get(key)
         if found is None:
-            found = self._strips[key] = np.ascontiguousarray(self.weights.tile(tile_id)[:, a:b], dtype=dtype)
+            found = self._strips[key] = np.ascontiguousarray(self.weights.tile(tile)[:, a:b], dtype=dtype)
         return found
 
     def _output(self, name: str) -> Value:
@@ -229,21 +200,25 @@ class SimBackend:
         return _Run(self, feeds)
 
 
-class _Run:
-    """The state of one run: every chiplet's values and buffers, the transfers in flight."""
+class _Run(StreamInterpreter):
+    """One run: every chiplet's values, the transfers in flight, the staging rules; the streams
+    walked by the interpreter skeleton with one hook per instruction."""
 
     def __init__(self, backend: SimBackend, feeds: dict[str, np.ndarray]) -> None:
+        super().__init__(backend.program, list(backend.streams))
         self.b = backend
         self.env: list[Any] = [None]  # every array of the run, by slot; slot 0 is an absent input
         self.feeds = {name: self._new(array) for name, array in feeds.items()}
         self.initializers: dict[str, int] = {}
-        self.chiplets = {c: _Chiplet(peak_bytes=backend.held.get(c, 0)) for c in backend.streams}
-        self.mailbox: dict[tuple[str, int, int], int] = {}
-        self.fired: set[str] = set()
-        self.pc = dict.fromkeys(backend.streams, 0)
+        self.chiplets = {c: _Chiplet() for c in backend.streams}
+        self.rules = StagingRules(backend.program, backend.sram_bytes, self._rule_fault)
+        self.mailbox: dict[tuple[ValueRef, int, int], int] = {}
         self.counts = RunCounts()
         self.ops = Counter[str]()
         self.tape: list[_Op] | None = [] if backend.replay else None  # the computations, for replays
+
+    def _rule_fault(self, rule: str, message: str, c: int, step: int) -> RuntimeFault:
+        return self.b.fault(c, step, rule, message)
 
     def fault(self, c: int, step: int, rule: str, message: str, **fields: Any) -> RuntimeFault:
         return self.b.fault(c, step, rule, message, **fields)
@@ -261,168 +236,105 @@ class _Run:
         return out
 
     def execute(self) -> None:
-        streams = self.b.streams
-        unfinished = [c for c in streams if streams[c]]
-        checkpoint = self.b.precedence.checkpoint
-        while unfinished:
-            moved = False
-            for c in unfinished:
-                stream = streams[c]
-                while self.pc[c] < len(stream):
-                    checkpoint()
-                    if not self.step(c, self.pc[c], stream[self.pc[c]]):
-                        break
-                    self.pc[c] += 1
-                    moved = True
-            unfinished = [c for c in unfinished if self.pc[c] < len(streams[c])]
-            if unfinished and not moved and not self._await_external():
-                raise self._deadlock(unfinished)
-        for c, chiplet in self.chiplets.items():
-            if chiplet.live:
-                name, step = min(chiplet.live.items(), key=lambda item: item[1])
-                raise self.fault(c, step, "unfreed-buffer", f"staging buffer '{name}' is still live at the end of "
-                                 f"stream {c} (no free after this load)")
+        self.run()
+        for c in self.b.streams:
+            self.rules.finish(c)
         self.counts.instructions = dict(sorted(self.ops.items()))
-        self.counts.peak_sram_bytes = {c: s.peak_bytes for c, s in sorted(self.chiplets.items())}
+        self.counts.peak_sram_bytes = {c: self.rules.peak.get(c, 0) for c in sorted(self.chiplets)}
 
-    def _await_external(self) -> bool:
-        """Wait for something from outside this run (another process's sends); True if it came.
-        Here every stream is in this run, so nothing can: a round without progress is a deadlock."""
+    def step(self, c: int, step: int, ins: Instruction, now: float) -> float | None:
+        self.b.precedence.checkpoint()
+        after = super().step(c, step, ins, now)
+        if after is not BLOCKED:
+            self.ops[ins.op] += 1
+        return after
+
+    def on_stall(self, blocked: dict[int, int]) -> bool:
+        """Every stream is blocked: something from outside this run (another process's sends)
+        may still come. Here every stream is in this run, so nothing can."""
         return False
 
-    def _deadlock(self, blocked: list[int]) -> RuntimeFault:
-        where = ", ".join(f"stream {c} at step {self.pc[c]} ({format_instr(self.b.streams[c][self.pc[c]])})"
-                          for c in blocked)
-        c = blocked[0]
-        return self.fault(c, self.pc[c], "deadlock", f"deadlock: streams blocked forever: {where}",
-                          blocked={c: self.pc[c] for c in blocked})
+    def deadlock(self, blocked: dict[int, int]) -> RuntimeFault:
+        for c, step in blocked.items():
+            ins = self.b.streams[c][step]
+            if isinstance(ins, Recv) and (ins.value, ins.src, c) not in self.b.sends:
+                return self.fault(c, step, "unmatched-recv", f"no stream sends '{ins.value}' from chiplet "
+                                  f"{ins.src} to chiplet {c}")
+            if isinstance(ins, Wait) and ins.event not in self.b.signalled and not self.rules.own_staging(c, ins.event):
+                return self.fault(c, step, "unmatched-wait", f"no load of this stream and no signal fires "
+                                  f"'{ins.event}'")
+        where = ", ".join(f"stream {c} at step {step} ({format_instr(self.b.streams[c][step])})"
+                          for c, step in blocked.items())
+        c = next(iter(blocked))
+        return self.fault(c, blocked[c], "deadlock", f"deadlock: streams blocked forever: {where}", blocked=blocked)
 
-    def step(self, c: int, step: int, ins: Instr) -> bool:
-        """Execute one instruction; False when the stream must wait for another stream."""
-        op = ins.op
-        if op == "recv":
-            key = (ins["value"], ins["src"], c)
-            if key not in self.mailbox:
-                src = ins["src"]
-                if key not in self.b.sends or self.pc.get(src, 0) >= len(self.b.streams.get(src, ())):
-                    raise self.fault(c, step, "unmatched-recv", f"no stream sends '{ins['value']}' from chiplet "
-                                     f"{src} to chiplet {c}")
-                return False
-            self._bind(c, ins["value"], self.mailbox.pop(key))
-        elif op == "wait":
-            if not self._wait(c, step, ins["event"]):
-                return False
-        elif op == "compute":
-            self._compute(c, step, ins)
-        elif op == "send":
-            self.mailbox[(ins["value"], c, ins["to"])] = self._label_slot(c, step, ins["value"])
-            self.counts.bytes_sent += int(ins["bytes"])
-        elif op == "load":
-            self._load(c, step, ins)
-        elif op == "free":
-            self._free(c, step, ins["buf"])
-        elif op == "signal":
-            self.fired.add(ins["event"])
-        self.ops[op] += 1
-        return True
+    # -- the hooks ------------------------------------------------------------------------
 
-    # -- buffers -------------------------------------------------------------------------
+    def on_recv(self, c: int, step: int, ins: Recv, now: float) -> float | None:
+        key = self.transfer_key(ins.value, ins.src, c)
+        if self.await_key(c, key, now) is BLOCKED:
+            return BLOCKED
+        self._bind(c, ins.value, self.mailbox.pop(key))
+        return now
 
-    def _buffer(self, c: int, step: int, name: str) -> Buffer:
-        buffer = self.b.program.buffers.get(name)
-        if buffer is None:
-            raise self.fault(c, step, "undeclared-buffer", f"buffer '{name}' is not declared")
-        if buffer.chiplet != c:
-            raise self.fault(c, step, "wrong-chiplet", f"buffer '{name}' lies on chiplet {buffer.chiplet}, not {c}")
-        return buffer
+    def on_wait(self, c: int, step: int, ins: Wait, now: float) -> float | None:
+        if self.rules.own_staging(c, ins.event):
+            self.rules.wait(c, step, ins.event)
+        return self.await_key(c, ins.event, now)
 
-    def _load(self, c: int, step: int, ins: Instr) -> None:
-        name = ins["buf"]
-        buffer = self._buffer(c, step, name)
-        state = self.chiplets[c]
-        if buffer.kind != "staging":
-            raise self.fault(c, step, "not-staging", f"'{name}' is a {buffer.kind} buffer, not a staging buffer")
-        if name in state.live:
-            raise self.fault(c, step, "double-load", f"'{name}' is loaded again while live (loaded at step "
-                             f"{state.live[name]})")
-        total = self.b.held.get(c, 0) + state.staged_bytes + buffer.bytes
-        if total > self.b.sram_bytes:
-            raise self.fault(c, step, "over-capacity", f"loading '{name}' ({buffer.bytes:,} bytes) brings chiplet {c} "
-                             f"to {total:,} bytes ({self.b.held.get(c, 0):,} held, {state.staged_bytes:,} staged in "
-                             f"{len(state.live)} buffer(s)) but it has {self.b.sram_bytes:,} bytes of SRAM")
-        state.live[name] = step
-        state.freed.pop(name, None)
-        state.waited.discard(name)
-        state.staged_bytes += buffer.bytes
-        state.peak_bytes = max(state.peak_bytes, total)
-        self.counts.bytes_loaded += int(ins["bytes"])
+    def on_compute(self, c: int, step: int, ins: Compute, now: float) -> float:
+        self._compute(c, step, ins)
+        return now
 
-    def _wait(self, c: int, step: int, event: str) -> bool:
-        state = self.chiplets[c]
-        buffer = self.b.program.buffers.get(event)
-        if buffer is not None and buffer.kind == "staging" and buffer.chiplet == c:
-            if event not in state.live:  # a load is this stream's own: it must come before its wait
-                after = f" (freed at step {state.freed[event]})" if event in state.freed else ""
-                raise self.fault(c, step, "missing-load", f"wait on staging buffer '{event}' with no live load of "
-                                 f"it{after}")
-            state.waited.add(event)
-            return True
-        if event in self.fired:
-            return True
-        if event not in self.b.signalled:
-            raise self.fault(c, step, "unmatched-wait", f"no load of this stream and no signal fires '{event}'")
-        return False
+    def on_send(self, c: int, step: int, ins: Send, now: float) -> float:
+        key = self.transfer_key(ins.value, c, ins.to)
+        self.mailbox[key] = self._label_slot(c, step, ins.value)
+        self.counts.bytes_sent += ins.bytes
+        self.fire(key, now)
+        return now
 
-    def _free(self, c: int, step: int, name: str) -> None:
-        buffer = self._buffer(c, step, name)
-        state = self.chiplets[c]
-        if name not in state.live:
-            rule = "double-free" if name in state.freed else "missing-load"
-            raise self.fault(c, step, rule, f"free of '{name}', which is not live"
-                             + (f" (freed at step {state.freed[name]})" if name in state.freed else " (never loaded)"))
-        del state.live[name]
-        state.waited.discard(name)
-        state.freed[name] = step
-        state.staged_bytes -= buffer.bytes
+    def on_load(self, c: int, step: int, ins: Load, now: float) -> float:
+        self.rules.load(c, step, self.rules.buffer(c, step, "load", ins.buf))
+        self.counts.bytes_loaded += ins.bytes
+        self.fire(ins.buf, now)
+        return now
 
-    def _check_bufs(self, c: int, step: int, bufs: tuple[str, ...]) -> None:
-        state = self.chiplets[c]
-        for name in bufs:
-            buffer = self._buffer(c, step, name)
-            if buffer.kind != "staging":
-                continue
-            if name in state.freed and name not in state.live:
-                raise self.fault(c, step, "use-after-free", f"reads staging buffer '{name}' after its free at step "
-                                 f"{state.freed[name]}")
-            if name not in state.live:
-                raise self.fault(c, step, "missing-load", f"reads staging buffer '{name}' with no load before it")
-            if name not in state.waited:
-                raise self.fault(c, step, "missing-wait", f"reads staging buffer '{name}' before a wait on its load "
-                                 f"(step {state.live[name]})")
+    def on_free(self, c: int, step: int, ins: Free, now: float) -> float:
+        self.rules.free(c, step, self.rules.buffer(c, step, "free", ins.buf))
+        return now
+
+    def on_signal(self, c: int, step: int, ins: Signal, now: float) -> float:
+        self.fire(ins.event, now)
+        return now
+
+    def on_store(self, c: int, step: int, ins: Store, now: float) -> float:
+        return now  # the session keeps the KV cache
+
+    def on_host(self, c: int, step: int, ins: Host, now: float) -> float:
+        self._label_slot(c, step, ins.value)  # the output must be here; the session samples
+        return now
 
     # -- values --------------------------------------------------------------------------
 
-    def _bind(self, c: int, label: str, slot: int) -> None:
-        split = _split_label(label)
-        if split:
-            self.chiplets[c].parts.setdefault(split[0], {})[split[1]] = slot
+    def _bind(self, c: int, label: ValueRef, slot: int) -> None:
+        if label.part is not None:
+            self.chiplets[c].parts.setdefault(label.name, {})[label.part] = slot
         else:
-            self.chiplets[c].values[label] = slot
+            self.chiplets[c].values[label.name] = slot
 
-    def _store(self, c: int, label: str, array: np.ndarray) -> None:
+    def _store(self, c: int, label: ValueRef, array: np.ndarray) -> None:
         """A value or part that arrived from outside the run (another process) onto chiplet c."""
         self._bind(c, label, self._new(array))
 
-    def _label_slot(self, c: int, step: int, label: str) -> int:
-        split = _split_label(label)
-        if not split:
-            return self._slot(c, step, label)
-        part = self.chiplets[c].parts.get(split[0], {}).get(split[1])
+    def _label_slot(self, c: int, step: int, label: ValueRef) -> int:
+        if label.part is None:
+            return self._slot(c, step, label.name)
+        part = self.chiplets[c].parts.get(label.name, {}).get(label.part)
         if part is None:
-            raise self.fault(c, step, "missing-value", f"part {split[1]} of '{split[0]}' is not on chiplet {c}")
+            raise self.fault(c, step, "missing-value", f"part {label.part} of '{label.name}' is not on chiplet {c}")
         return part
 
-    def _read_label(self, c: int, step: int, label: str) -> np.ndarray:
+    def _read_label(self, c: int, step: int, label: ValueRef) -> np.ndarray:
         return self.env[self._label_slot(c, step, label)]
 
     def _read(self, c: int, step: int, name: str) -> np.ndarray:
@@ -469,51 +381,48 @@ class _Run:
         missing = sorted(expected - set(have))
         if missing:
             raise self.fault(c, step, "missing-value", f"reads '{name}' before all its parts are on chiplet {c}: "
-                             f"missing {', '.join(missing)}", value=name)
-        spans = sorted((p[1], p[2], p[0], part) for part in have for p in [_parse_part(part)] if p)
-        kinds = {kind for _, _, kind, _ in spans}
+                             f"missing {', '.join(map(str, missing))}", value=name)
+        spans = sorted(have, key=lambda p: (p.start, p.stop, p.kind))
+        kinds = {p.kind for p in spans}
         if len(kinds) != 1:
             raise self.fault(c, step, "missing-value", f"'{name}' has parts of mixed kinds {sorted(kinds)}")
         position = 0
-        for start, stop, _, part in spans:
-            if start != position:
+        for part in spans:
+            if part.start != position:
                 raise self.fault(c, step, "missing-value", f"parts of '{name}' do not tile it: {part} follows "
                                  f"[0, {position})")
-            position = stop
-        slots = tuple(have[part] for _, _, _, part in spans)
+            position = part.stop
+        slots = tuple(have[part] for part in spans)
         return self._apply(_columns if kinds == {"cols"} else _total, (), slots)
 
     # -- compute -------------------------------------------------------------------------
 
-    def _compute(self, c: int, step: int, ins: Instr) -> None:
-        self._check_bufs(c, step, ins["bufs"])
-        node = self.b.nodes[ins["node"]]
-        part = ins["part"]
-        parsed = _parse_part(part) if part else None
-        if part and parsed is None:
-            raise self.fault(c, step, "bad-part", f"unknown part '{part}'")
-        kind, start, stop = parsed if parsed else ("", 0, 0)
-        if kind == "kv":
+    def _compute(self, c: int, step: int, ins: Compute) -> None:
+        bufs = [self.rules.buffer(c, step, "compute", name) for name in ins.bufs]
+        for b in bufs:
+            self.rules.read(c, step, b, f"compute '{ins.node}'")
+        node = self.b.nodes[ins.node]
+        part = ins.part
+        if part is not None and part.kind == "kv":
             # The KV chunks stand for reads of the cache (possibly on other chiplets, whose partial
             # results are sent home); the node runs whole at the last chunk, on its home chiplet.
-            if start != stop - 1:
+            if part.start != part.stop - 1:
                 self.chiplets[c].parts.setdefault(node.outputs[0].name, {})[part] = self._new(np.zeros(0, np.float32))
                 return
-            kind = ""
-        if kind == "":
+            part = None
+        if part is None:
             self._whole(c, step, node)
             return
-        if not ins["bufs"]:
+        if not bufs or bufs[0].tile is None:
             raise self.fault(c, step, "missing-buffer", f"part {part} of '{node.name}' names no weight buffer")
-        tile_id = self.b.program.buffers[ins["bufs"][0]].tile
-        tile = self.b.weights.tiles.get(tile_id)
-        if tile is None:
-            raise self.fault(c, step, "unknown-tile", f"buffer '{ins['bufs'][0]}' holds '{tile_id}', not a weight tile")
-        buf = ins["bufs"][0]
-        if kind == "cols" and node.op == "MatMul":
-            out = self._matmul_part(c, step, node, buf, tile_id, start, stop)
-        elif kind == "rows" and node.op == "Gather":
-            out = self._gather_part(c, step, node, buf, tile_id, start, stop)
+        tile = bufs[0].tile
+        if not 0 <= tile < len(self.b.weights.tiles):
+            raise self.fault(c, step, "unknown-tile", f"buffer '{bufs[0].name}' holds tile {tile}, not a weight tile")
+        buf = bufs[0].name
+        if part.kind == "cols" and node.op == "MatMul":
+            out = self._matmul_part(c, step, node, buf, tile, part.start, part.stop)
+        elif part.kind == "rows" and node.op == "Gather":
+            out = self._gather_part(c, step, node, buf, tile, part.start, part.stop)
         else:
             raise self.fault(c, step, "bad-part", f"part {part} of a {node.op} node is not something the sim can run")
         self.chiplets[c].parts.setdefault(node.outputs[0].name, {})[part] = out
@@ -530,35 +439,35 @@ class _Run:
         assert value is not None  # a weight node always has its weight input
         return numpy_dtype(value.type.dtype)
 
-    def _matmul_part(self, c: int, step: int, node: Node, buf: str, tile_id: str, start: int, stop: int) -> int:
-        tile = self.b.weights.tiles[tile_id]
-        (k0, k1), (n0, n1) = tile.rows, tile.cols
+    def _matmul_part(self, c: int, step: int, node: Node, buf: str, tile: int, start: int, stop: int) -> int:
+        info = self.b.weights.tiles[tile]
+        (k0, k1), (n0, n1) = info.rows, info.cols
         weight = node.inputs[1]
         assert weight is not None
         full_k = weight.type.shape[-2]
-        if tile.is_embedding or k0 != 0 or (isinstance(full_k, int) and k1 != full_k):
-            raise self.fault(c, step, "bad-part", f"tile {tile_id} covers rows [{k0}, {k1}) of '{tile.weight}': the "
+        if info.is_embedding or k0 != 0 or (isinstance(full_k, int) and k1 != full_k):
+            raise self.fault(c, step, "bad-part", f"tile t{tile} covers rows [{k0}, {k1}) of '{info.weight}': the "
                              "sim runs column strips over all of K only")
         if not n0 <= start < stop <= n1:
-            raise self.fault(c, step, "bad-part", f"columns [{start}, {stop}) lie outside tile {tile_id}'s "
+            raise self.fault(c, step, "bad-part", f"columns [{start}, {stop}) lie outside tile t{tile}'s "
                              f"[{n0}, {n1})")
         x = self._slot(c, step, self._input_name(node, 0))
-        return self._strip_product(c, buf, x, tile_id, start - n0, stop - n0, self._weight_dtype(node, 1))
+        return self._strip_product(c, buf, x, tile, start - n0, stop - n0, self._weight_dtype(node, 1))
 
-    def _strip_product(self, c: int, buf: str, x: int, tile_id: str, a: int, b: int, dtype: np.dtype) -> int:
+    def _strip_product(self, c: int, buf: str, x: int, tile: int, a: int, b: int, dtype: np.dtype) -> int:
         """The slot of env[x] @ columns [a, b) of the tile in buffer `buf`: the kernel of a MatMul
         column strip, the one a backend with its own memory replaces (the checks around it stay the sim's)."""
-        return self._apply(_product, (self.b.strip(tile_id, a, b, dtype),), (x,))
+        return self._apply(_product, (self.b.strip(tile, a, b, dtype),), (x,))
 
-    def _gather_part(self, c: int, step: int, node: Node, buf: str, tile_id: str, start: int, stop: int) -> int:
-        tile = self.b.weights.tiles[tile_id]
-        matrix = self.b.weights.tile(tile_id)
+    def _gather_part(self, c: int, step: int, node: Node, buf: str, tile: int, start: int, stop: int) -> int:
+        info = self.b.weights.tiles[tile]
+        matrix = self.b.weights.tile(tile)
         # An embedding tile is stored as its table rows; a tied head's strip as [hidden, rows]: transposed.
-        first, rows = (tile.rows[0], matrix) if tile.is_embedding else (tile.cols[0], matrix.T)
+        first, rows = (info.rows[0], matrix) if info.is_embedding else (info.cols[0], matrix.T)
         if self.b.attrs[node.name]["axis"] != 0:
             raise self.fault(c, step, "bad-part", f"a row range of a Gather along axis {self.b.attrs[node.name]['axis']}")
         if not first <= start < stop <= first + rows.shape[0]:
-            raise self.fault(c, step, "bad-part", f"rows [{start}, {stop}) lie outside tile {tile_id}'s rows "
+            raise self.fault(c, step, "bad-part", f"rows [{start}, {stop}) lie outside tile t{tile}'s rows "
                              f"[{first}, {first + rows.shape[0]})")
         ids = self._slot(c, step, self._input_name(node, 1))
         return self._apply(self.b.lookup, (c, step, node, self._table_rows, buf, rows, first, start, stop), (ids,))

@@ -1,7 +1,7 @@
 """Compile a small Llama from PyTorch in a training-to-deploy pipeline: INT4 weights with GPTQ
 calibration, placed on a 4-card Corsair server, saved as an artifact directory.
 
-    python examples/compile_llama.py --out build/llama-int4.avc
+    python examples/compile_llama.py --out out/llama-int4.avc
 
 The model is a tiny Llama with grouped-query attention and random weights (no download);
 swap in your own `nn.Module` and a few batches of real inputs.
@@ -17,7 +17,7 @@ from aviatorc import zoo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="build/llama-int4.avc")
+    parser.add_argument("--out", default="out/llama-int4.avc")
     parser.add_argument("--quant", default="int4", choices=["int8", "int4", "mxint8", "mxint4"])
     args = parser.parse_args()
 

@@ -1,8 +1,10 @@
 """Export a tiny zoo model (random, seeded weights) to ONNX.
 
-python examples/export_zoo.py --arch llama --out build/llama.onnx
-python examples/export_zoo.py --arch gpt2 --out build/gpt2.onnx --exporter legacy
-python examples/export_zoo.py --arch llama --out build/llama-decode.onnx --decode
+python examples/export_zoo.py --arch llama --out out/llama.onnx
+python examples/export_zoo.py --arch gpt2 --out out/gpt2.onnx --exporter legacy
+python examples/export_zoo.py --arch llama --out out/llama-decode.onnx --decode
+
+Needs `pip install 'aviatorc[examples]'` (onnxscript, for torch.onnx's exporter).
 """
 
 from __future__ import annotations
@@ -26,6 +28,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode", action="store_true", help="one decode step with a KV cache")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.decode or args.exporter == "dynamo":  # torch.onnx's dynamo exporter needs onnxscript
+        from aviatorc.errors import AviatorError
+        from aviatorc.extras import require
+
+        try:
+            require("examples", "exporting to ONNX")
+        except AviatorError as error:
+            print(f"export_zoo: error: {error}", file=sys.stderr)
+            return 1
 
     if args.decode:
         path = zoo.export_decode_onnx(args.arch, args.out, opset=args.opset or 18, seed=args.seed)

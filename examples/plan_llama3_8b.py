@@ -19,7 +19,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cards", type=int, default=4)
     parser.add_argument("--quant", default="int4", choices=["int8", "int4", "mxint8", "mxint4"])
-    parser.add_argument("--out", default="build/llama-3-8b.avc")
+    parser.add_argument("--out", default="out/llama-3-8b.avc")
     args = parser.parse_args()
 
     config_path = Path(__file__).resolve().parent / "llama3-8b" / "config.json"

@@ -83,30 +83,66 @@ SIXTEEN_BIT = ("fp16", "bf16")  # plain 16-bit storage: what a target without fp
 def weight_format(options: CompileOptions, sparsity: str = "", *, calibrated: bool = False) -> WeightFormat:
     """The format `options` ask for: the one place options become a `WeightFormat` (fuse-qkv's size
     estimate asks it too). int8 and mx are symmetric; int8 is per output channel unless a group
-    size is given (`CompileOptions.weight_group_size`); int4's zero points: `int4_symmetric`."""
+    size is given (`CompileOptions.weight_group_size`); int4's zero points: `int4_zero`."""
     kind = options.quant
     assert kind is not None  # callers quantize only when asked to
     if kind in SIXTEEN_BIT:
         return WeightFormat(kind, 0, True, sparsity)
-    symmetric = int4_symmetric(options, calibrated) if kind == "int4" else True
-    return WeightFormat(kind, options.weight_group_size, symmetric, sparsity)
+    if kind != "int4":
+        return WeightFormat(kind, options.weight_group_size, True, sparsity)
+    symmetric, zero = int4_zero(options, calibrated, sparsity)
+    return WeightFormat(kind, options.weight_group_size, symmetric, sparsity, zero)
 
 
-def int4_symmetric(options: CompileOptions, calibrated: bool) -> bool:
-    """Whether int4 weights are symmetric: as asked (`symmetric`), else asymmetric when calibrated.
+def int4_zero(options: CompileOptions, calibrated: bool, sparsity: str = "") -> tuple[bool, str]:
+    """(symmetric, zero kind) of int4 weights: as asked (`symmetric`), else by the data.
 
-    Asymmetric by default with calibration data: held out (tools/bench_defaults.py: all-MiniLM-L6-v2
-    INT4 g32 GPTQ, 40 sentences calibrating, 616 real tokens, 40 others evaluated) asymmetric reached
-    a mean cosine of 0.99336 against 0.99191 symmetric (worst 0.98769 / 0.98759); with the damping
-    before, 0.99248 against 0.99053, and on 2,865 tokens of bench_quant's text 0.99321 against
-    0.99172. Symmetric without calibration, as before: zero
-    points cost 2.8% more bytes at g32 (4.625 bits a weight, not 4.5), and an uncalibrated int4
-    compile is mostly a plan of a model's bytes (a shape-only Llama), whose sizes the project's
-    figures are quoted in; asymmetric RTN measured 0.97602 against 0.96136 there, so pass
-    `symmetric=False` (`--asymmetric`) for it."""
+    Without calibration data (and without 2:4): asymmetric with an fp16 offset per group, fit by
+    `aviatorc.quant.rtn.offset_params` (llama.cpp's Q4_1 layout, 5 bits a weight at g32). Measured
+    on SmolLM2-135M from its GGUF against the FP16 plan (tools/bench_int4_default.py, BENCHMARKS.md,
+    "INT4 without calibration data"): plain round-to-nearest lost the greedy answer of every prompt
+    and +40% perplexity; see the page for this default's figures. A 4-bit zero point cannot hold a
+    Q4_1 file's offsets, so any GGUF Q4_1 model re-rounds onto a coarser grid with one.
+
+    With calibration data: asymmetric with 4-bit zero points (GPTQ fits the codes). Held out
+    (tools/bench_defaults.py: all-MiniLM-L6-v2 INT4 g32 GPTQ, 40 sentences calibrating, 616 real
+    tokens, 40 others evaluated) asymmetric reached a mean cosine of 0.99336 against 0.99191
+    symmetric (worst 0.98769 / 0.98759); on 2,865 tokens of bench_quant's text 0.99321 against
+    0.99172. 2:4 sparse without data stays symmetric (a pruned weight must read back 0, which an
+    offset would move). `symmetric=False` (`--asymmetric`) asks for 4-bit zero points whatever the data."""
     if options.symmetric is not None:
-        return options.symmetric
-    return not calibrated
+        return options.symmetric, "int"
+    if calibrated:
+        return False, "int"
+    if sparsity:
+        return True, "int"
+    return False, "fp16"
+
+
+def output_head_format(options: CompileOptions, target: Any) -> WeightFormat | None:
+    """The format of the output head (`is_output_head`) beside data-free int4 (`int4_zero`'s fp16
+    offsets): int8 with int4's groups, as llama.cpp's own 4-bit files keep it (SmolLM2's Q4_1 GGUF
+    stores its tied head as Q8_0, blocks of 32: this layout holds it exactly). The head turns the last
+    hidden state into every token's score, so its error decides the greedy answer more than any
+    other layer's; measured on SmolLM2-135M (tools/bench_int4_default.py). None where the target
+    stores no int8."""
+    formats = target_formats(target) if target is not None else None
+    if formats is not None and "int8" not in formats:
+        return None
+    return WeightFormat("int8", options.weight_group_size, True)
+
+
+def is_output_head(graph: Graph, lw: LinearWeight) -> bool:
+    """Whether one of `lw`'s MatMuls produces a graph output (the logits of a language model, a
+    classifier's scores), through nothing but reshapes and casts."""
+    outputs = {id(v) for v in graph.outputs}
+    for mm in lw.matmuls:
+        value = mm.outputs[0]
+        while id(value) not in outputs and len(value.users) == 1 and value.users[0].op in ("Reshape", "Cast", "Identity"):
+            value = value.users[0].outputs[0]
+        if id(value) in outputs:
+            return True
+    return False
 
 
 def quant_method(options: Any, has_calibration: bool) -> str:
@@ -184,7 +220,7 @@ class Quantize(Pass):
         weights, notes = find_linear_weights(graph)
         batches = check_batches(graph, ctx.calibration)
         method = quant_method(opts, bool(batches))
-        calibrated = bool(batches)  # the int4 default (`int4_symmetric`) depends on it
+        calibrated = bool(batches)  # the int4 default (`int4_zero`) depends on it
         routers = set(router_matmuls(graph))
         experts = expert_nodes(graph)
         keep = [lw for lw in weights if opts.quant in SIXTEEN_BIT or opts.keep_fp16 and lw.matches(opts.keep_fp16)
@@ -193,7 +229,10 @@ class Quantize(Pass):
         per_expert: dict[str, dict[str, Any]] = {}
 
         counts = {"weights_quantized": 0, "weights_kept_fp16": 0, "embeddings_fp16": 0, "activations_quantized": 0,
+                  "output_heads_int8": 0,
                   "routers_kept_fp16": sum(1 for lw in keep if any(mm in routers for mm in lw.matmuls))}
+        # A graph of one linear layer has no head apart from its body: it stays int4.
+        head_format = output_head_format(opts, ctx.target) if len(quantize) > 1 else None
         bytes_before = bytes_after = 0
         # GPTQ fits each weight to the unquantized graph's output (`corrected_target`): keep it.
         reference = graph.clone() if method in CALIBRATED and any(lw.has_data for lw in quantize) else None
@@ -218,6 +257,9 @@ class Quantize(Pass):
                       if method.startswith("awq") else {})
             for lw in stage:
                 fmt = weight_format(opts, lw.fmt.sparsity, calibrated=calibrated)
+                if fmt.float_zero and head_format is not None and is_output_head(graph, lw):
+                    fmt = head_format
+                    counts["output_heads_int8"] += 1
                 bytes_before += lw.fmt.storage_bytes(lw.k, lw.n)
                 matmuls = list(lw.matmuls)
                 packed = scaled.get(id(lw)) or (self._quantize_one(lw, fmt, method, stats, ctx) if lw.has_data else None)

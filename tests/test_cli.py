@@ -224,8 +224,8 @@ def test_malformed_target_names_file_and_key(tmp_path):
 
 
 def test_zero_point_flags(tmp_path):
-    """--asymmetric / --symmetric choose int4's zero points (neither: the default, symmetric without
-    --calibration); both at once is a usage error."""
+    """--asymmetric / --symmetric choose int4's zero points (neither: the data-free default, an fp16
+    offset per group and the output head at int8); both at once is a usage error."""
     path = mlp_onnx(tmp_path / "mlp.onnx")
     formats = {}
     for flag in ("--asymmetric", "--symmetric", None):
@@ -233,7 +233,7 @@ def test_zero_point_flags(tmp_path):
         args = ["compile", str(path), "-o", str(out), "--target", "mock", "--quant", "int4", "-q"]
         assert run_cli(*args, *([flag] if flag else [])).returncode == 0
         formats[flag] = sorted(json.loads((out / "report.json").read_text())["weights"]["bytes_by_format"])
-    assert formats == {"--asymmetric": ["int4-g32-asym"], "--symmetric": ["int4-g32"], None: ["int4-g32"]}
+    assert formats == {"--asymmetric": ["int4-g32-asym"], "--symmetric": ["int4-g32"], None: ["int4-g32-asym-fp16zero", "int8-g32"]}
     both = run_cli("compile", str(path), "-o", str(tmp_path / "x.avc"), "--quant", "int4", "--symmetric",
                    "--asymmetric")
     assert both.returncode == 2 and "not allowed with argument" in both.stderr

@@ -134,7 +134,7 @@ def test_the_summary_states_what_the_figures_leave_out(tmp_path):
     # the scheduler's note, right under the predicted figures it qualifies
     assert text.index("predicted time to first token") < text.index("(prediction: costs modelled") \
         < text.index("SRAM: KV cache")
-    assert "(prediction: KV writes of the new tokens and prefill's KV write-back to LPDDR are not charged)" in text
+    assert "(prediction: a prefill runs in chunks, each streaming the weights again" in text
 
 
 def test_a_bad_card_count_is_worded_alike_by_compile_and_target_show(tmp_path):

@@ -204,7 +204,7 @@ def our_rows(work: Workload, folder: Path, quick: bool) -> list[Measured]:
         seconds = time.time() - start
         stats = next(r["stats"] for r in result.report.data["passes"] if r["name"] == "quantize")
         method = str(stats["method"])
-        zero_points = " asym" if "-asym" in str(stats["format"]) else " sym"  # as the passes chose (int4_symmetric)
+        zero_points = " asym" if "-asym" in str(stats["format"]) else " sym"  # as the passes chose (int4_zero)
         name = f"{spec.label} {method.upper()}{zero_points if spec.quant == 'int4' else ''}"
         name += " (default)" if spec.quant_method is None else ""
         artifact = result.save(folder / f"{spec.quant}_{spec.group_size}_{method}.avc", html_report=False)

@@ -268,10 +268,12 @@ def main() -> None:
         finally:
             server.close()
         speculative = summarize(rows, wall_s, new_tokens)
-        plans = [json.loads((p / "plan.json").read_text()) for p in (target, draft)]
+        from aviatorc import load as load_artifact
+
+        plans = [load_artifact(p).plan for p in (target, draft)]
         speculative.update(acceptance=acceptance, predicted_speedup=predicted_speedup(acceptance, 4, *plans),
-                           target_step_s=plans[0]["prediction"]["time_per_token_s"],
-                           draft_step_s=plans[1]["prediction"]["time_per_token_s"],
+                           target_step_s=plans[0].prediction.time_per_token_s,
+                           draft_step_s=plans[1].prediction.time_per_token_s,
                            same_tokens_as_generate=sum(r.get("ids") == s for r, s in zip(rows, sequential)),
                            speedup_vs_served=speculative["tokens_per_s"] / served["tokens_per_s"])
         print(f"  speculative ({DRAFT_LAYERS}-layer draft, k=4): acceptance {acceptance:.3f}, {speculative['tokens_per_s']:.1f} tok/s "

@@ -57,7 +57,7 @@ LLAMA3_8B = {
 
 # Hand-written findings from building the zoo; the generator prints them verbatim.
 ODDITIES = (
-    "The dynamo exporter silently writes opset 18 when asked for 17 (DESIGN.md); "
+    "The dynamo exporter silently writes opset 18 when asked for 17; "
     "`zoo.export_onnx` refuses dynamo opsets below 18.",
     "Static exports bake the sequence length into the causal mask and rotary tables: "
     "the static dynamo graphs have no Range/Cos/Sin (constant-folded into initializers); "

@@ -379,10 +379,34 @@ def dequantize_weight(b: OnnxBuilder, node: Node) -> None:
         import ml_dtypes
 
         inputs.append(b.constant(codes.zero_GN.astype(ml_dtypes.uint4), f"{base}.zero_point"))
-    if codes.block_size:
+    if codes.offset_GN is not None:  # code * scale, then each block's offset: [G, 1, N] -> [G, g, N] -> [K, N]
+        scaled = b.fresh(f"{out}/scaled")
+        b.emit("DequantizeLinear", inputs, [scaled], node.name, axis=0, block_size=codes.block_size)
+        _add_block_offsets(b, scaled, codes, k, base, out, node.name)
+    elif codes.block_size:
         b.emit("DequantizeLinear", inputs, [out], node.name, axis=0, block_size=codes.block_size)
     else:
         b.emit("DequantizeLinear", inputs, [out], node.name, axis=1)
+
+
+def _add_block_offsets(b: OnnxBuilder, scaled: str, codes: WeightCodes, k: int, base: str, out: str, name: str) -> None:
+    """out = scaled + each block's offset repeated along its rows (the ragged last block cut at k)."""
+    assert codes.offset_GN is not None
+    blocks, n = codes.offset_GN.shape
+    block = codes.block_size
+    offset = b.constant(codes.offset_GN.reshape(blocks, 1, n), f"{base}.offset")
+    tiled = b.fresh(f"{out}/offset_rows")
+    b.emit("Expand", [offset, b.constant(np.array([blocks, block, n], np.int64), f"{base}.offset_shape")], [tiled],
+           b.fresh(f"{name}/expand"))
+    flat = b.fresh(f"{out}/offset_flat")
+    b.emit("Reshape", [tiled, b.constant(np.array([blocks * block, n], np.int64), f"{base}.offset_flat_shape")], [flat],
+           b.fresh(f"{name}/reshape"))
+    rows = flat
+    if blocks * block != k:
+        rows = b.fresh(f"{out}/offset_cut")
+        b.emit("Slice", [flat, b.constant(np.array([0], np.int64), f"{base}.offset_start"),
+                         b.constant(np.array([k], np.int64), f"{base}.offset_end")], [rows], b.fresh(f"{name}/slice"))
+    b.emit("Add", [scaled, rows], [out], b.fresh(f"{name}/offset"))
 
 
 def plan_matmul_nbits(b: OnnxBuilder) -> list[str]:
@@ -416,7 +440,8 @@ def _matmul_nbits(b: OnnxBuilder, matmul: Node, dq: Node) -> None:
     a = matmul.input(0)
     dtype = numpy_dtype(a.type.dtype)
     inputs = [b.name(a), b.constant(weight, f"{base}.nbits"), b.constant(scales.astype(dtype), f"{base}.nbits_scale")]
-    if zeros is not None:
+    if zeros is not None:  # packed uint8, or float zero points in the scales' type
+        zeros = zeros.astype(dtype) if zeros.dtype.kind == "f" else zeros
         inputs.append(b.constant(zeros, f"{base}.nbits_zero_point"))
     k, n = weight_shape(dq)
     b.emit("MatMulNBits", inputs, _outputs(matmul), matmul.name, domain=MS_DOMAIN, K=k, N=n, bits=codes.bits,

@@ -9,6 +9,9 @@ into the integer codes, scales and zero points they hold, unchanged:
   of a column,
   `DequantizeLinear(axis=0, block_size=g)` (opset 21). An MX block's shared exponent e is the
   scale 2^(e - 127), exactly representable in float32.
+- int4 with fp16 offsets (w = code * scale + offset): uint4 codes through `DequantizeLinear`
+  (zero point 0), then the offset of each block added (`offset_GN`, broadcast along its rows);
+  in `MatMulNBits`, a float zero point -offset / scale per block (equal up to float rounding).
 - 2:4 sparse weights are exported dense-equivalent: the kept codes go back to their rows and
   the pruned ones become the zero point (0, or the group's zero point), so they dequantize to
   exactly 0. A group of g kept values spans 2g dense rows, so the block size doubles.
@@ -19,7 +22,7 @@ output would be fp16 and the products would round, where the IR's kernel multipl
 `MatMulNBits` (`--matmul-nbits`) takes B as uint8 [N, blocks, block * bits / 8]: 4-bit codes
 packed two per byte along K, low nibble first, or (bits=8: group-wise int8 and mxint8) one code
 per byte; scales [N, blocks]; optional uint8 zero points (4-bit: [N * ceil(blocks / 2)], two
-blocks per byte along K, low nibble first); with no zero points the zero point is 2^(bits - 1)
+blocks per byte along K, low nibble first) or float zero points in the scales' type ([N * blocks]); with no zero points the zero point is 2^(bits - 1)
 (8 or 128), so symmetric codes are stored as code + 8 or code + 128. Its block size must be a
 power of two, at least 16, so per-channel int8 (no block) stays QDQ. The 8-bit form runs on
 onnxruntime's CPU provider (checked on 1.32: parity with the IR's kernel in the exporter tests);
@@ -46,6 +49,7 @@ class WeightCodes:
     zero_GN: np.ndarray | None  # uint8 [blocks, n]: asymmetric int4 only
     block_size: int  # 0: per output channel
     onnx_type: str  # "int8", "int4" or "uint4": the element type of the codes
+    offset_GN: np.ndarray | None = None  # float32 [blocks, n]: int4 with fp16 offsets, added after the codes
 
     @property
     def signed(self) -> bool:
@@ -63,6 +67,7 @@ def weight_codes(fmt: WeightFormat, arrays: list[np.ndarray | None], k: int, n: 
     assert values is not None and scale is not None  # the IR's type rule checked the layout
     ks = stored_rows(fmt, k)
     zero_GN: np.ndarray | None = None
+    offset_GN: np.ndarray | None = None
     if fmt.kind == "int8" and not fmt.grouped:  # per output channel
         codes, scales, block, onnx_type = values.astype(np.int16), scale.astype(np.float32), 0, "int8"
     else:
@@ -77,7 +82,10 @@ def weight_codes(fmt: WeightFormat, arrays: list[np.ndarray | None], k: int, n: 
             scales = np.exp2(scale.astype(np.float32) - np.float32(127.0)).astype(np.float32)
         else:
             scales = scale.astype(np.float32)
-        if fmt.kind == "int4" and not fmt.symmetric:
+        if fmt.float_zero:
+            assert zero is not None
+            offset_GN = zero.astype(np.float32)
+        elif fmt.kind == "int4" and not fmt.symmetric:
             assert zero is not None
             zero_GN = unpack_bits_k(zero, 4, scale.shape[0])
         block = fmt.group_size
@@ -89,7 +97,7 @@ def weight_codes(fmt: WeightFormat, arrays: list[np.ndarray | None], k: int, n: 
         if zero_GN is not None:  # a pruned slot must read back as 0: the zero point of its group
             codes = np.where(kept, codes, np.repeat(zero_GN, 2 * block, axis=0)[:k].astype(np.int16))
         block *= 2  # g kept values span 2g dense rows
-    return WeightCodes(np.ascontiguousarray(codes, dtype=np.int16), scales, zero_GN, block, onnx_type)
+    return WeightCodes(np.ascontiguousarray(codes, dtype=np.int16), scales, zero_GN, block, onnx_type, offset_GN)
 
 
 def dense_values(fmt: WeightFormat, arrays: list[np.ndarray | None], k: int) -> np.ndarray:
@@ -115,6 +123,8 @@ def codes_array(codes: WeightCodes) -> np.ndarray:
 def matmul_nbits_ok(codes: WeightCodes) -> str | None:
     """Why MatMulNBits cannot hold these codes; None when it can."""
     block = codes.block_size
+    if codes.offset_GN is not None and np.any((codes.scale == 0) & (codes.offset_GN != 0)):
+        return "a block with a zero scale and a nonzero offset has no MatMulNBits zero point"
     if not block:
         return "per-channel int8 has no block along K, which MatMulNBits needs (compile with --group-size)"
     if block < 16 or block & (block - 1):
@@ -123,8 +133,9 @@ def matmul_nbits_ok(codes: WeightCodes) -> str | None:
 
 
 def matmul_nbits_arrays(codes: WeightCodes) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """B uint8 [N, blocks, block * bits / 8], scales float32 [N, blocks], zero points uint8
-    [N * ceil(blocks / 2)] (asymmetric 4-bit only)."""
+    """B uint8 [N, blocks, block * bits / 8], scales float32 [N, blocks], zero points: uint8
+    [N * ceil(blocks / 2)] (asymmetric 4-bit), or float32 [N * blocks] for fp16 offsets
+    (code * scale + offset = (code - zero) * scale with zero = -offset / scale)."""
     k, n = codes.codes_KN.shape
     block, bits = codes.block_size, codes.bits
     blocks = codes.scale.shape[0]
@@ -140,4 +151,8 @@ def matmul_nbits_arrays(codes: WeightCodes) -> tuple[np.ndarray, np.ndarray, np.
     zeros = None
     if codes.zero_GN is not None:
         zeros = np.ascontiguousarray(pack_bits_k(codes.zero_GN, 4).T).reshape(-1)
+    elif codes.offset_GN is not None:
+        with np.errstate(divide="ignore", invalid="ignore"):  # a zero scale with a zero offset: any zero point
+            zero_GN = np.where(codes.scale == 0, 0, -codes.offset_GN / codes.scale).astype(np.float32)
+        zeros = np.ascontiguousarray(zero_GN.T).reshape(-1)
     return b, scales, zeros

@@ -20,6 +20,7 @@ from aviatorc.errors import OptionError
 from aviatorc.ir import Graph, Value
 from aviatorc.ir.ops.quant import ROLES
 from aviatorc.plan.artifact import Artifact, ArtifactError
+from aviatorc.plan.ir import tile_name
 
 
 @dataclass(frozen=True)
@@ -62,27 +63,28 @@ _Key = tuple[str, str]
 def _tile_groups(artifact: Artifact, graph: Graph) -> dict[tuple[_Key, Any], list[_Piece]]:
     nodes = {n.name: n for n in graph.nodes}
     groups: dict[tuple[_Key, Any], dict[int, _Piece]] = {}
-    for record in artifact.plan["tiles"]:
-        node = nodes.get(record["nodes"][0])
+    for index, record in enumerate(artifact.plan.tiles):
+        tile_id = tile_name(index)
+        node = nodes.get(record.nodes[0]) if record.nodes else None
         if node is None:
-            raise ArtifactError(f"tile {record['id']} names node '{record['nodes'][0]}', which graph.ir does not have",
-                                file=str(artifact.path))
+            raise ArtifactError(f"tile {tile_id} names node '{record.nodes[0] if record.nodes else ''}', which graph.ir "
+                                "does not have", file=str(artifact.path))
         lookup = node.op == "Gather"
         source = node.inputs[0] if lookup else node.inputs[1]
         if source is None:
-            raise ArtifactError(f"tile {record['id']}'s node '{node.name}' has no weight input", file=str(artifact.path))
+            raise ArtifactError(f"tile {tile_id}'s node '{node.name}' has no weight input", file=str(artifact.path))
         value, transposed = _through_views(source)
-        rows, cols = record["rows"], record["cols"]
+        rows, cols = record.rows, record.cols
         target: tuple[_Key, Any]
         if value.producer is not None and value.producer.op == "DequantizeWeight":
             target = (("packed", value.producer.name), value.producer)
             span = (int(cols[0]), int(cols[1]))
-        elif record["role"] == "embedding":
+        elif record.role == "embedding":
             target, span = (("rows", value.name), value), (int(rows[0]), int(rows[1]))
         else:
             kind = "cols_t" if transposed or lookup else "cols"  # stored [n, k]: the tiles are strips of its .T
             target, span = ((kind, value.name), value), (int(cols[0]), int(cols[1]))
-        groups.setdefault(target, {})[span[0]] = _Piece(span[0], span[1], str(record["id"]))
+        groups.setdefault(target, {})[span[0]] = _Piece(span[0], span[1], tile_id)
     return {target: sorted(pieces.values(), key=lambda p: p.start) for target, pieces in groups.items()}
 
 

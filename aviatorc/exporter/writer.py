@@ -74,7 +74,7 @@ def export(artifact: Artifact | str | os.PathLike[str], path: str | os.PathLike[
     model = _model(graph, builder, artifact, notes)
     external = sum(a.nbytes for a in builder.initializers.values()) > external_data_bytes
     data_path = _write(model, out, external)
-    config = genai_config(graph, out.name, int(artifact.plan["workload"]["context"]), eos_token_id=eos_token_id)
+    config = genai_config(graph, out.name, artifact.plan.workload.context, eos_token_id=eos_token_id)
     config_path = None
     if config is not None:
         config_path = write_file_atomically(out.parent / GENAI_CONFIG, to_json_bytes(config))
@@ -103,7 +103,7 @@ def _model(graph: Graph, builder: OnnxBuilder, artifact: Artifact, notes: list[s
     if MS_DOMAIN in builder.domains:
         opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
     model = helper.make_model(body, opset_imports=opsets, producer_name="aviatorc", producer_version=__version__)
-    metadata = {"aviatorc.target": str(artifact.plan["target"]["name"]),
+    metadata = {"aviatorc.target": artifact.plan.target_name,
                 "aviatorc.weight_formats": json.dumps(dict(sorted(builder.formats.items())), sort_keys=True),
                 "aviatorc.weight_encoding": "matmul_nbits" if builder.fused else "qdq"}
     if notes:

@@ -12,6 +12,11 @@ from typing import Any
 from aviatorc.errors import OptionError
 from aviatorc.ir import Graph
 
+# Where a model comes from, for the errors that name the choices: local files only (nothing is
+# downloaded, so a hub id such as HuggingFaceTB/SmolLM2-135M is not a source).
+ACCEPTED_SOURCES = ("aviatorc reads local files and downloads nothing: pass an .onnx file, a .gguf file, or a Hugging "
+                    "Face config.json (or the folder holding it; planned shape-only, without weights)")
+
 
 def import_model(source: Any, example_inputs: Any = None, **options: Any) -> Graph:
     """Import `source` into a verified IR graph.
@@ -45,7 +50,7 @@ def import_model(source: Any, example_inputs: Any = None, **options: Any) -> Gra
 
             return import_hf_config(path, **options)
         raise OptionError(f"cannot tell the model format of '{path}'",
-                          hint="pass an .onnx file, a Hugging Face config.json, a .gguf file, or a torch module")
+                          hint=ACCEPTED_SOURCES + " (from Python also a torch module)")
     from aviatorc.frontends.torch import import_torch
     from aviatorc.frontends.torch.decoder import import_decoder, is_decoder
 

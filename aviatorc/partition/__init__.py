@@ -63,7 +63,7 @@ MAX_SOLVES = 6
 # at a fraction of the rate the units assume). Only used to size the budget, never read from a clock.
 UNITS_PER_WALL_S = 0.2
 # Larger layer models are not worth solving: at 25k booleans CP-SAT spent 7-20 s returning the
-# hint or UNKNOWN (DESIGN.md: a complete hint comes back but is improved by 0.1% at most).
+# hint or UNKNOWN (measured: a complete hint comes back but is improved by 0.1% at most).
 MAX_SOLVER_BOOLEANS = 12_000
 
 

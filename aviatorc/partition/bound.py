@@ -48,7 +48,7 @@ def lower_bound(problem: Problem) -> Bound:
 
 def _stream_knapsack(problem: Problem) -> float:
     capacity = float(sum(problem.capacity_bytes))
-    num_h = len(problem.stream_cards)
+    num_h = len(problem.stream_channels)
     cost = sum(problem.stream_ps) / num_h  # everything streamed
     items = sorted(((problem.stream_ps[t] / num_h / problem.tile_bytes[t], t) for t in range(len(problem.tiles))),
                    reverse=True)
@@ -95,7 +95,7 @@ def _gather_min_ps(k: int, problem: Problem) -> int:
     if k <= 1:
         return 0
     # round() as the cost model rounds each transfer: rounding is monotone, so this is <= it.
-    latency = [round(link.latency_s * 1e12) for link in problem.target.links]
+    latency = [round((link.message_s + link.latency_s) * 1e12) for link in problem.target.links]
     d2d, p2p, c2c = _packed(k, problem)
     return d2d * latency[0] + p2p * latency[1] + c2c * latency[2]
 

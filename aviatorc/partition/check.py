@@ -4,8 +4,8 @@ From the weight specs and the target alone it re-derives: every tile's layer, ro
 nodes and parts (from its weight's spec, never from the solver's tiles); the tiles cover each
 weight exactly and follow the matrix units, and a tied embedding has none of its own (its
 head holds them); each tile's bytes are `storage_bytes` of its own [k, n]; every tile is
-resident on one chiplet or streamed from one card, and computes on its own chiplet or on one of
-its streaming card's; nothing lands outside the allowed chiplets; no chiplet holds more than
+resident on one chiplet or streamed from one LPDDR channel, and computes on its own chiplet or
+on one its channel attaches to; nothing lands outside the allowed chiplets; no chiplet holds more than
 its SRAM less its reserve; the objective, recomputed here from first principles (compute
 including streamed tiles, streaming, broadcast trees, collection and hand-offs; see
 `problem.py` for the model), is the one reported; and the bound is not above it.
@@ -45,7 +45,7 @@ def check_placement(placement: Placement, weights: list[WeightSpec], target: Tar
                else [sram - int(sram * (1.0 - target.activation_reserve_fraction))] * num_c)
     held = [0] * num_c
     for index, (tile, w, c) in enumerate(zip(tiles, where, compute, strict=True)):
-        if not 0 <= w < num_c + target.cards:
+        if not 0 <= w < num_c + target.num_channels:
             raise PlacementCheckError(f"tile {index} of '{tile.weight}' has no valid location ({w})")
         if not 0 <= c < num_c or c not in allowed:
             raise PlacementCheckError(f"tile {index} of '{tile.weight}' computes on chiplet {c}, outside the "
@@ -56,9 +56,9 @@ def check_placement(placement: Placement, weights: list[WeightSpec], target: Tar
             if c != w:
                 raise PlacementCheckError(f"resident tile {index} of '{tile.weight}' on chiplet {w} computes on {c}")
             held[w] += specs[tile.weight].format.storage_bytes(tile.k_stop - tile.k_start, tile.n_stop - tile.n_start)
-        elif c // (target.chiplets_per_package * target.packages_per_card) != w - num_c:
-            raise PlacementCheckError(f"tile {index} of '{tile.weight}' streams from card {w - num_c} but computes "
-                                      f"on chiplet {c} of another card")
+        elif c // target.chiplets_per_channel != w - num_c:
+            raise PlacementCheckError(f"tile {index} of '{tile.weight}' streams from channel {w - num_c} but computes "
+                                      f"on chiplet {c}, which the channel does not attach to")
     for c, nbytes in enumerate(held):
         if nbytes > sram - reserve[c]:
             raise PlacementCheckError(f"chiplet {c} holds {nbytes} bytes, over its usable {sram - reserve[c]} "
@@ -170,14 +170,14 @@ def _objective(placement: Placement, weights: list[WeightSpec], target: Target, 
         load[key][c] += work  # resident or staged: it computes on c either way
         out[key][c] += produced
         if w >= num_c:
-            stream[spec.layer][w - num_c] += max(1, _ps(read / target.lpddr_bytes_per_s_per_card))
-    total = sum(max(per_card_ps.values(), default=0) for per_card_ps in stream.values())
+            stream[spec.layer][w - num_c] += max(1, _ps(read / target.channel_bytes_per_s))
+    total = sum(max(per_channel_ps.values(), default=0) for per_channel_ps in stream.values())
     keys = sorted(load, key=lambda key: order[key])
     for position, key in enumerate(keys):
         chips = set(load[key])
         total += max(load[key].values())  # groups run one after another, each balanced on its own
         # Broadcast: one transfer per extra chiplet in a package, package on a card, card.
-        cost = [_ps(link.latency_s + act[key] / link.bytes_per_s) for link in target.links]
+        cost = [_ps(link.message_s + act[key] / link.bytes_per_s + link.latency_s) for link in target.links]
         packages = {c // per_package for c in chips}
         cards = {c // per_card for c in chips}
         total += (len(chips) - len(packages)) * cost[0] + (len(packages) - len(cards)) * cost[1] + (len(cards) - 1) * cost[2]
@@ -188,7 +188,7 @@ def _objective(placement: Placement, weights: list[WeightSpec], target: Target, 
                 1 if src // per_card == dst // per_card else 2)
             if level is not None:
                 link = target.links[level]
-                total += _ps(link.latency_s + sum(out[key].values()) / link.bytes_per_s)
+                total += _ps(link.message_s + sum(out[key].values()) / link.bytes_per_s + link.latency_s)
     return total
 
 
@@ -203,14 +203,14 @@ def _collect(slices: dict[int, int], target: Target) -> int:
     for c, nbytes in slices.items():
         package_bytes[c // per_package] += nbytes
         if c != min(x for x in slices if x // per_package == c // per_package):
-            total += _ps(links[0].latency_s + nbytes / links[0].bytes_per_s)
+            total += _ps(links[0].message_s + nbytes / links[0].bytes_per_s + links[0].latency_s)
     card_bytes: dict[int, int] = defaultdict(int)
     for p, nbytes in package_bytes.items():
         card_bytes[p * per_package // per_card] += nbytes
         if p != min(x for x in package_bytes if x * per_package // per_card == p * per_package // per_card):
-            total += _ps(links[1].latency_s + nbytes / links[1].bytes_per_s)
+            total += _ps(links[1].message_s + nbytes / links[1].bytes_per_s + links[1].latency_s)
     root = min(card_bytes)
     for h, nbytes in card_bytes.items():
         if h != root:
-            total += _ps(links[2].latency_s + nbytes / links[2].bytes_per_s)
+            total += _ps(links[2].message_s + nbytes / links[2].bytes_per_s + links[2].latency_s)
     return total

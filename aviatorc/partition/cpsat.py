@@ -53,13 +53,13 @@ def solve_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[int
     tiles = sorted(tiles)
     groups = sorted({problem.group_of[t] for t in tiles})
     chiplets = sorted(set(problem.chiplets if chiplets is None else chiplets) & set(problem.chiplets))
-    cards = list(problem.stream_cards)  # only cards with an allowed chiplet stream
+    channels = list(problem.stream_channels)  # only channels attached to an allowed chiplet stream
 
     model = cp_model.CpModel()
     # -- variables -----------------------------------------------------------------------------
     x = {(t, c): model.new_bool_var(f"x{t}_{c}") for t in tiles for c in chiplets
          if problem.tile_bytes[t] <= free_bytes[c]}
-    s = {(t, h): model.new_bool_var(f"s{t}_{h}") for t in tiles for h in cards}
+    s = {(t, h): model.new_bool_var(f"s{t}_{h}") for t in tiles for h in channels}
     u = {(g, c): model.new_bool_var(f"u{g}_{c}") for g in groups for c in chiplets}  # g's activation goes to c
     p = {(g, k): model.new_bool_var(f"p{g}_{k}") for g in groups for k in range(target.num_packages)}
     q = {(g, h): model.new_bool_var(f"q{g}_{h}") for g in groups for h in range(num_h)}
@@ -69,8 +69,8 @@ def solve_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[int
     max_stream = model.new_int_var(0, sum(problem.stream_ps[t] for t in tiles), "max_stream")
 
     # -- constraints ---------------------------------------------------------------------------
-    for t in tiles:  # each tile resident on exactly one chiplet or streamed from exactly one card
-        model.add_exactly_one([x[t, c] for c in chiplets if (t, c) in x] + [s[t, h] for h in cards])
+    for t in tiles:  # each tile resident on exactly one chiplet or streamed from exactly one channel
+        model.add_exactly_one([x[t, c] for c in chiplets if (t, c) in x] + [s[t, h] for h in channels])
     for c in chiplets:
         on_c = [t for t in tiles if (t, c) in x]
         if sum(problem.tile_bytes[t] for t in on_c) > free_bytes[c]:
@@ -79,7 +79,7 @@ def solve_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[int
             of_g = [t for t in on_c if problem.group_of[t] == g]
             if of_g:
                 model.add(sum(problem.work_ps[t] * x[t, c] for t in of_g) <= max_load[g])
-    for h in cards:
+    for h in channels:
         model.add(sum(problem.stream_ps[t] * s[t, h] for t in tiles) <= max_stream)
     # A group's activation reaches every chiplet, package and card holding one of its tiles.
     for (t, c), var in x.items():
@@ -143,7 +143,7 @@ def solve_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[int
     where = [-1] * len(problem.tiles)
     for t in tiles:
         chosen = [c for c in chiplets if (t, c) in x and solver.value(x[t, c])]
-        where[t] = chosen[0] if chosen else num_c + next(h for h in cards if solver.value(s[t, h]))
+        where[t] = chosen[0] if chosen else num_c + next(h for h in channels if solver.value(s[t, h]))
     return SolveResult(where, status, round(solver.objective_value), solver.best_objective_bound, solver.wall_time,
                        wall_limited)
 
@@ -165,13 +165,13 @@ def _hint(model, problem, tiles, groups, chiplets, hint, x, s, u, p, q, y, max_l
     num_c = problem.num_chiplets
     used: dict[int, set[int]] = {g: set() for g in groups}
     load = {g: [0] * num_c for g in groups}
-    stream = [0] * problem.num_cards
+    stream = [0] * problem.num_channels
     for t in tiles:
         w = hint[t]
         for c in chiplets:
             if (t, c) in x:
                 model.add_hint(x[t, c], w == c)
-        for h in problem.stream_cards:
+        for h in problem.stream_channels:
             model.add_hint(s[t, h], w == num_c + h)
         if w < num_c:
             used[problem.group_of[t]].add(w)

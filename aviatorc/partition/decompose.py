@@ -1,6 +1,6 @@
 """Layer by layer, with templates: how the partitioner scales to 70B-parameter models.
 
-A monolithic CP-SAT model of every tile on every chiplet does not scale (DESIGN.md:
+A monolithic CP-SAT model of every tile on every chiplet does not scale (measured:
 presolve alone ate the budget at 0.4M booleans). Instead layers are placed one at a time,
 each given the SRAM the layers before it left free:
 
@@ -173,5 +173,5 @@ def _surely_optimal(problem: Problem, tiles: list[int], hint: list[int], cost: i
     if any(f >= smallest for f in free):
         return False
     total = sum(problem.stream_ps[t] for t in tiles)
-    floor = max(-(-total // len(problem.stream_cards)), max(problem.stream_ps[t] for t in tiles))
+    floor = max(-(-total // len(problem.stream_channels)), max(problem.stream_ps[t] for t in tiles))
     return sum(c.stream_ps for c in layer_costs(problem, hint, tiles)) <= floor

@@ -72,14 +72,15 @@ def explain_infeasible(weights: list[WeightSpec], target: Target, *, streaming: 
             f"{human_bytes(usable)} usable SRAM (after {reserve})",
             file=where, needed_bytes=needed, available_bytes=usable,
             hint="; ".join(["enable streaming from LPDDR"] + fixes))
-    # Only the cards holding an allowed chiplet stream (their LPDDR is shared with any other
-    # tenant of the same card; that split is the caller's).
-    stream_cards = len({target.card_of(c) for c in allowed})
-    lpddr = target.lpddr_bytes_per_card * stream_cards
+    # Only the channels attached to an allowed chiplet stream (a channel shared with another
+    # tenant of the same chiplets: that split is the caller's).
+    stream_channels = len({target.channel_of(c) for c in allowed})
+    lpddr = target.channel_bytes * stream_channels
     if streaming and needed > usable + lpddr:
         cards = math.ceil(needed / (per_card + target.lpddr_bytes_per_card))
         raise InfeasibleError(
-            f"weights need {human_bytes(needed)} but SRAM and LPDDR of {stream_cards} card(s) hold "
+            f"weights need {human_bytes(needed)} but SRAM and the {stream_channels} LPDDR channel(s) of the "
+            f"allowed chiplets hold "
             f"{human_bytes(usable + lpddr)}", file=where, needed_bytes=needed, available_bytes=usable + lpddr,
             hint="; ".join([f for f in fixes if "streaming" not in f] + [f"use {cards} cards (--cards {cards})"]))
 

@@ -3,8 +3,8 @@
 For each spread the hierarchy offers (one chiplet, one package, one card, 2, 4, ... cards),
 take the aligned block of chiplets with the most free SRAM and place the layer's tiles in
 decreasing work order on the least-loaded chiplet of the block that still has room; a tile
-that fits nowhere is streamed from the card streaming least so far (a card of the block on a
-tie, so its compute chiplet is near the others). Keep the spread with the lowest cost,
+that fits nowhere is streamed from the LPDDR channel streaming least so far (one attached to the
+block on a tie, so its compute chiplet is near the others). Keep the spread with the lowest cost,
 streaming everything included. Narrow spreads save activation transfers, wide ones balance compute and hold
 more: which wins depends on the layer and the target, so all are tried.
 
@@ -52,17 +52,17 @@ def greedy_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[in
     best_cost = 0
     # An empty block streams everything: better than scattering tiles over SRAM fragments
     # when their transfers and compute would cost more than the streaming they save.
-    # Streaming everything from one card keeps the compute chiplets together (an embedding,
+    # Streaming everything from one channel keeps the compute chiplets together (an embedding,
     # whose lookups cost next to nothing, should not pay transfers between cards).
-    options: list[tuple[range, Sequence[int] | None]] = [(range(0), None), (range(0), problem.stream_cards[:1])]
+    options: list[tuple[range, Sequence[int] | None]] = [(range(0), None), (range(0), problem.stream_channels[:1])]
     for size in spreads(problem):
         options.append((_best_block(free_bytes, size), None))
         for root in sorted(set(anchors.values())):
             home = (range(root - root % size, root - root % size + size), None)
             if home not in options:
                 options.append(home)
-    for block, cards in options:
-        where = _place_in_block(problem, tiles, free_bytes, block, cards)
+    for block, channels in options:
+        where = _place_in_block(problem, tiles, free_bytes, block, channels)
         cost = total_cost(problem, where, tiles) + _boundary_ps(problem, where, tiles, anchors)
         if best is None or cost < best_cost:
             best, best_cost = where, cost
@@ -125,7 +125,7 @@ def _place_by_group(problem: Problem, tiles: Sequence[int], free_bytes: Sequence
     order = sorted(members)  # in execution order: each group next to the one before it
     where = [-1] * len(problem.tiles)
     free = list(free_bytes)
-    stream = [0] * problem.num_cards
+    stream = [0] * problem.num_channels
     sizes = [0, *spreads(problem)]
     roots: dict[int, int] = dict(anchors or {})  # placed group -> its root (lowest computing chiplet)
     nearest = _Nearest(problem, roots.values())
@@ -134,16 +134,16 @@ def _place_by_group(problem: Problem, tiles: Sequence[int], free_bytes: Sequence
         best: tuple[tuple[int, int], list[int], list[int], list[int]] | None = None
         for size in sizes:
             blocks: list[tuple[range, Sequence[int] | None]] = [(_best_block(free, size), None)] if size else [
-                (range(0), None)] + [(range(0), [h]) for h in sorted({problem.stream_cards[0]} | {
-                    problem.target.card_of(r) for r in roots.values()})]
-            for root in sorted(set(roots.values())) if size else ():  # beside the groups placed so far
+                (range(0), None)] + [(range(0), [h]) for h in sorted({problem.stream_channels[0]} | {
+                    problem.target.channel_of(r) for r in nearest.chips} & set(problem.stream_channels))]
+            for root in sorted(nearest.chips) if size else ():  # beside the groups placed so far
                 home = range(root - root % size, root - root % size + size)
                 if (home, None) not in blocks:
                     blocks.append((home, None))
-            for block, cards in blocks:
+            for block, channels in blocks:
                 # A trial writes only this group's entries of `where`: they are read back, then reset.
                 trial_free, trial_stream = list(free), list(stream)
-                _fill(problem, members[g], where, trial_free, trial_stream, block, cards)
+                _fill(problem, members[g], where, trial_free, trial_stream, block, channels)
                 cost = group_cost_ps(problem, where, members[g]) + max(trial_stream)
                 root = _root(problem, where, members[g])
                 for nb, is_before in neighbours:
@@ -213,16 +213,16 @@ def _best_block(free_bytes: Sequence[int], size: int) -> range:
 
 
 def _place_in_block(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[int], block: range,
-                    cards: Sequence[int] | None = None) -> list[int]:
+                    channels: Sequence[int] | None = None) -> list[int]:
     where = [-1] * len(problem.tiles)
-    _fill(problem, tiles, where, list(free_bytes), [0] * problem.num_cards, block, cards)
+    _fill(problem, tiles, where, list(free_bytes), [0] * problem.num_channels, block, channels)
     return where
 
 
 def _fill(problem: Problem, tiles: Sequence[int], where: list[int], free: list[int], stream: list[int],
-          block: range, cards: Sequence[int] | None = None) -> None:
+          block: range, channels: Sequence[int] | None = None) -> None:
     """Place `tiles` in `block` (updating `where`, `free` and `stream` in place); what does not
-    fit streams from `cards` (default: every card that may stream)."""
+    fit streams from `channels` (default: every channel that may stream), the least loaded first."""
     num_c = problem.num_chiplets
     load = {c: 0 for c in block}
     # Largest work first (LPT); ties by index, so the result is a function of the input only.
@@ -235,7 +235,7 @@ def _fill(problem: Problem, tiles: Sequence[int], where: list[int], free: list[i
             free[c] -= nbytes
             load[c] += problem.work_ps[t]
         else:
-            near = {problem.target.card_of(c) for c in block}
-            h = min(cards or problem.stream_cards, key=lambda h: (stream[h], h not in near, h))
+            near = {problem.target.channel_of(c) for c in block}
+            h = min(channels or problem.stream_channels, key=lambda h: (stream[h], h not in near, h))
             where[t] = num_c + h
             stream[h] += problem.stream_ps[t]

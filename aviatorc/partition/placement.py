@@ -21,11 +21,12 @@ class LayerSolve:
 
 @dataclass(frozen=True)
 class Placement:
-    """Tile t is resident on chiplet where[t] (< num_chiplets) or streamed from card where[t] - num_chiplets.
+    """Tile t is resident on chiplet where[t] (< num_chiplets) or streamed from LPDDR channel
+    where[t] - num_chiplets.
 
     Every tile computes on `compute_chiplet[t]`: where[t] for a resident tile; for a streamed one
-    a chiplet of the streaming card, which receives the tile's bytes from that card's LPDDR into
-    a staging buffer (inside its reserve) and computes with them."""
+    a chiplet the channel attaches to, which receives the tile's bytes into a staging buffer
+    (inside its reserve) and computes with them."""
 
     target_name: str
     num_chiplets: int
@@ -70,8 +71,8 @@ class Placement:
         w = self.where[tile_index]
         return ("chiplet", w) if w < self.num_chiplets else ("streamed", w - self.num_chiplets)
 
-    def streaming_card(self, tile_index: int) -> int | None:
-        """The card whose LPDDR streams the tile, or None for a resident tile."""
+    def streaming_channel(self, tile_index: int) -> int | None:
+        """The LPDDR channel that streams the tile, or None for a resident tile."""
         w = self.where[tile_index]
         return w - self.num_chiplets if w >= self.num_chiplets else None
 
@@ -129,7 +130,7 @@ class Placement:
                        for s in self.solves],
             "assignment": [
                 {"weight": t.weight, "k": [t.k_start, t.k_stop], "n": [t.n_start, t.n_stop],
-                 "chiplet" if w < self.num_chiplets else "streamed_from_card":
+                 "chiplet" if w < self.num_chiplets else "streamed_from_channel":
                      w if w < self.num_chiplets else w - self.num_chiplets,
                  "compute_chiplet": c}
                 for t, w, c in zip(self.tiles, self.where, self.compute_chiplet, strict=True)

@@ -1,15 +1,16 @@
 """The placement problem as data, and the one cost model every part agrees on.
 
-Each tile is either resident on one chiplet or streamed per token from one card's LPDDR.
+Each tile is either resident on one chiplet or streamed per token from one LPDDR channel.
 An assignment is a tuple `where` with one entry per tile: `0 <= where[t] < C` is a chiplet,
-`C + h` means streamed from card h. Every tile also computes somewhere: a resident tile on
-its own chiplet, a streamed one on a *compute chiplet* of the card streaming it, which
-receives its bytes from LPDDR into a staging buffer and multiplies with them there.
+`C + h` means streamed from channel h (`Target.channel_of`: on `corsair` each chiplet has its
+own). Every tile also computes somewhere: a resident tile on its own chiplet, a streamed one on
+a *compute chiplet* the channel attaches to, which receives its bytes from LPDDR into a staging
+buffer (crossing no link) and multiplies with them there.
 `compute_chiplets(problem, where)` chooses those deterministically (below), so the cost is a
 function of `where` alone. Costs are integer picoseconds per decode step:
 
     cost = sum over layers of  sum over groups g of max_c load(c, g)   compute: the busiest chiplet
-                             + max_h stream(h)                          LPDDR: the busiest card streams
+                             + max_h stream(h)                          LPDDR: the busiest channel streams
                              + sum over groups g of cut(g)              activation sent to g's chiplets
                              + sum over groups g of collect(g)          g's outputs gathered and handed on
 
@@ -18,7 +19,7 @@ function of `where` alone. Costs are integer picoseconds per decode step:
   the order of the weights (layer by layer, graph order inside a layer);
 - load(c, g): g's tiles computing on c, resident or streamed, each max(FLOPs / peak of its
   format, bytes / SRAM bandwidth) (a streamed tile is read from its staging buffer);
-- stream(h): per-token bytes read from card h's LPDDR / its bandwidth (a linear tile is read
+- stream(h): per-token bytes read from channel h / its bandwidth (a linear tile is read
   whole every step; an embedding row range only when a token falls in it; a tied head's tile
   both ways: whole for the head, a row per token for the lookup);
 - cut(g): the activation a group reads goes along a tree over the hierarchy to every chiplet
@@ -37,14 +38,14 @@ function of `where` alone. Costs are integer picoseconds per decode step:
   the layer of the group that sends it, and only when both groups are in the tiles costed.
 
 Compute chiplets: per group, resident tiles first, then streamed tiles in decreasing work
-(ties by index), each onto the allowed chiplet of its streaming card where it adds least to
+(ties by index), each onto the allowed chiplet its channel attaches to where it adds least to
 the group's cost (the rise of the busiest chiplet's load plus the broadcast edge it adds),
 then the least loaded, then the lowest index.
 
 Capacity: chiplet c gives `sram_bytes - reserve_bytes[c]` to resident weights (the reserve
 holds activations, the KV cache and staging buffers; by default the target's
 `activation_reserve_fraction`). A placement may be confined to `chiplets`: the others hold
-nothing and compute nothing, and only cards with an allowed chiplet stream.
+nothing and compute nothing, and only channels attached to an allowed chiplet stream.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class Problem:
     tiles: tuple[Tile, ...]
     tile_bytes: tuple[int, ...]
     work_ps: tuple[int, ...]  # time on the chiplet computing it, per step
-    stream_ps: tuple[int, ...]  # time to stream its per-step bytes from one card's LPDDR
+    stream_ps: tuple[int, ...]  # time to stream its per-step bytes from one LPDDR channel
     read_bytes: tuple[int, ...]  # bytes it reads from memory per step
     out_bytes: tuple[int, ...]  # bytes of the output slice it produces per step
     groups: tuple[str, ...]  # group names, in execution order
@@ -81,7 +82,7 @@ class Problem:
     capacity_bytes: tuple[int, ...]  # per chiplet: SRAM for weights (0 outside `chiplets`)
     reserve_bytes: tuple[int, ...]  # per chiplet: SRAM held back for activations, KV cache, staging
     chiplets: tuple[int, ...]  # the chiplets this placement may use, sorted
-    stream_cards: tuple[int, ...]  # the cards that may stream (those with an allowed chiplet)
+    stream_channels: tuple[int, ...]  # the channels that may stream (attached to an allowed chiplet)
     batch_tokens: int
 
     @property
@@ -92,16 +93,20 @@ class Problem:
     def num_cards(self) -> int:
         return self.target.cards
 
-    def chiplets_of_card(self, card: int) -> tuple[int, ...]:
-        """The allowed chiplets on `card`."""
-        return self._by_card.get(card, ())
+    @property
+    def num_channels(self) -> int:
+        return self.target.num_channels
+
+    def chiplets_of_channel(self, channel: int) -> tuple[int, ...]:
+        """The allowed chiplets `channel` attaches to: where a tile it streams may compute."""
+        return self._by_channel.get(channel, ())
 
     @cached_property
-    def _by_card(self) -> dict[int, tuple[int, ...]]:
-        by_card: dict[int, list[int]] = {}
+    def _by_channel(self) -> dict[int, tuple[int, ...]]:
+        by_channel: dict[int, list[int]] = {}
         for c in self.chiplets:
-            by_card.setdefault(self.target.card_of(c), []).append(c)
-        return {h: tuple(chips) for h, chips in by_card.items()}
+            by_channel.setdefault(self.target.channel_of(c), []).append(c)
+        return {h: tuple(chips) for h, chips in by_channel.items()}
 
 
 def resolve_chiplets(target: Target, chiplets: Iterable[int] | None) -> tuple[int, ...]:
@@ -175,7 +180,7 @@ def build_problem(tiles: Sequence[Tile], target: Target, *, batch_tokens: int = 
         read.append(per_step)
         out.append(produced)
         work.append(max(1, round(seconds * PS)))
-        stream.append(max(1, round(per_step / target.lpddr_bytes_per_s_per_card * PS)))
+        stream.append(max(1, round(per_step / target.channel_bytes_per_s * PS)))
         group_act[tile.group] = max(group_act.get(tile.group, 0), act)
         group_out[tile.group] = group_out.get(tile.group, 0) + produced
         order.setdefault(tile.group, (tile.layer, index))
@@ -200,7 +205,7 @@ def build_problem(tiles: Sequence[Tile], target: Target, *, batch_tokens: int = 
         capacity_bytes=capacity,
         reserve_bytes=reserve,
         chiplets=allowed,
-        stream_cards=tuple(sorted({target.card_of(c) for c in allowed})),
+        stream_channels=tuple(sorted({target.channel_of(c) for c in allowed})),
         batch_tokens=batch_tokens,
     )
 
@@ -263,7 +268,7 @@ def _marginal_edge(problem: Problem, c: int, used: set[int], packages: set[int],
 
 def compute_chiplets(problem: Problem, where: Sequence[int], tiles: Sequence[int] | None = None) -> list[int]:
     """The chiplet each tile computes on (-1 for tiles not in `tiles` or not placed): its own for
-    a resident tile, one of its streaming card's for a streamed one (module docstring)."""
+    a resident tile, one its channel attaches to for a streamed one (module docstring)."""
     compute = [-1] * len(problem.tiles)
     for t, c in compute_of(problem, where, range(len(problem.tiles)) if tiles is None else tiles).items():
         compute[t] = c
@@ -299,7 +304,7 @@ def compute_of(problem: Problem, where: Sequence[int], indices: Sequence[int]) -
         for t in sorted(members[g], key=lambda t: (-problem.work_ps[t], t)):
             busiest = max(load.values(), default=0)
             work = problem.work_ps[t]
-            c = min(problem.chiplets_of_card(where[t] - num_c),
+            c = min(problem.chiplets_of_channel(where[t] - num_c),
                     key=lambda c: (max(0, load.get(c, 0) + work - busiest)  # noqa: B023 - used at once, in the loop
                                    + _marginal_edge(problem, c, used, packages, cards, edge), load.get(c, 0), c))
             compute[t] = c
@@ -334,7 +339,7 @@ def layer_costs(problem: Problem, where: Sequence[int], tiles: Sequence[int] | N
     chiplet: Mapping[int, int] | Sequence[int] = compute if compute is not None else compute_of(problem, where, indices)
     load: dict[int, dict[int, int]] = {}  # group -> chiplet -> ps
     slices: dict[int, dict[int, int]] = {}  # group -> chiplet -> output bytes
-    stream: dict[int, dict[int, int]] = {}  # layer -> card -> ps
+    stream: dict[int, dict[int, int]] = {}  # layer -> channel -> ps
     layer_groups: dict[int, set[int]] = {}
     for t in indices:
         w = where[t]
@@ -349,8 +354,8 @@ def layer_costs(problem: Problem, where: Sequence[int], tiles: Sequence[int] | N
         out = slices.setdefault(g, {})
         out[c] = out.get(c, 0) + problem.out_bytes[t]
         if w >= num_c:
-            cards = stream.setdefault(layer, {})
-            cards[w - num_c] = cards.get(w - num_c, 0) + problem.stream_ps[t]
+            channels = stream.setdefault(layer, {})
+            channels[w - num_c] = channels.get(w - num_c, 0) + problem.stream_ps[t]
     result = []
     for layer in sorted(layer_groups):
         groups = layer_groups[layer]

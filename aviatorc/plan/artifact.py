@@ -39,7 +39,8 @@ from typing import Any
 import numpy as np
 
 from aviatorc.errors import ModelFormatError, OptionError
-from aviatorc.plan.ir import Program
+from aviatorc.plan.ir import Compute, Program, tile_name
+from aviatorc.plan.plan import Plan
 
 ARTIFACT_FORMAT = "aviatorc-artifact"
 ARTIFACT_VERSION = 1
@@ -56,7 +57,10 @@ class ArtifactError(ModelFormatError):
     """An artifact is malformed, tampered with, or from an unknown version."""
 
 
-def to_json_bytes(data: Any) -> bytes:
+def to_json_bytes(data: Any, *, compact: bool = False) -> bytes:
+    """JSON with sorted keys; `compact` (plan.json) without indentation or spaces."""
+    if compact:
+        return (json.dumps(data, sort_keys=True, allow_nan=False, separators=(",", ":")) + "\n").encode()
     return (json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n").encode()
 
 
@@ -149,6 +153,16 @@ def check_output_path(out: str | os.PathLike[str], *, directory: bool = True) ->
         raise OptionError(f"cannot write the output '{path}': '{parent}' is a file, not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OptionError(f"cannot write the output '{path}': '{parent}' is not writable")
+    # Permission bits do not tell everything (as root every folder looks writable, and /proc or
+    # /sys refuse files whatever the bits say): try a file there, as the write will.
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".aviatorc-probe-", dir=parent)
+    except OSError as error:
+        raise OptionError(f"cannot write the output '{path}': '{parent}' takes no new files ({error.strerror})",
+                          hint="choose a folder on a normal file system, such as one under your home or the "
+                               "current folder") from None
+    os.close(handle)
+    os.unlink(probe)
 
 
 def _check_name(name: str) -> None:
@@ -161,12 +175,12 @@ def _check_name(name: str) -> None:
 
 @dataclass
 class Artifact:
-    """A loaded, validated artifact. Tensors are read lazily from weights.safetensors."""
+    """A loaded, validated artifact: the typed plan, the graph and target texts, the report.
+    Tensors are read lazily from weights.safetensors."""
 
     path: Path
     manifest: dict[str, Any]
-    plan: dict[str, Any]
-    programs: dict[str, Program]
+    plan: Plan
     graph_text: str
     target_toml: str
     report: dict[str, Any]
@@ -174,6 +188,10 @@ class Artifact:
     @property
     def shape_only(self) -> bool:
         return bool(self.manifest["shape_only"])
+
+    @property
+    def programs(self) -> dict[str, Program]:
+        return self.plan.programs
 
     def tensor_names(self) -> list[str]:
         if self.shape_only:
@@ -194,7 +212,7 @@ class Artifact:
             if name not in handle.keys():
                 raise ArtifactError(f"no tensor '{name}' in {WEIGHTS}", file=str(self.path))
             array = handle.get_tensor(name)
-        if self.plan.get("tensor_dtypes", {}).get(name) == _BF16:
+        if self.plan.tensor_dtypes.get(name) == _BF16:
             import ml_dtypes
 
             array = array.view(ml_dtypes.bfloat16)
@@ -228,16 +246,15 @@ def load(path: str | os.PathLike[str]) -> Artifact:
     for name, entry in sorted(files.items()):
         _check_name(name)
         _verify_file(root, name, entry, where)
-    plan = json.loads((root / "plan.json").read_bytes())
-    if plan.get("schema_version") != 1:
-        raise ArtifactError(f"plan.json schema version {plan.get('schema_version')!r} is not supported", file=where)
-    programs = {phase: Program.from_dict(body) for phase, body in plan["programs"].items()}
+    try:
+        plan = Plan.from_dict(_read_json(root, "plan.json", where))
+    except ModelFormatError as error:
+        raise ArtifactError(error.message, file=where) from None
     graph_text = (root / "graph.ir").read_text()
     target_toml = (root / "target.toml").read_text()
-    if hashlib.sha256(target_toml.encode()).hexdigest() != plan["target"]["sha256"]:
+    if hashlib.sha256(target_toml.encode()).hexdigest() != plan.target_sha256:
         raise ArtifactError("target.toml is not the target the plan was compiled for (sha256 differs)", file=where)
-    artifact = Artifact(root, manifest, plan, programs, graph_text, target_toml,
-                        json.loads((root / "report.json").read_bytes()))
+    artifact = Artifact(root, manifest, plan, graph_text, target_toml, _read_json(root, "report.json", where))
     _check_references(artifact, where)
     return artifact
 
@@ -273,22 +290,22 @@ def _verify_file(root: Path, name: str, entry: Any, where: str) -> None:
 
 
 def _check_references(artifact: Artifact, where: str) -> None:
-    tiles = {t["id"]: t for t in artifact.plan["tiles"]}
+    count = len(artifact.plan.tiles)
     names = set(artifact.tensor_names())
     if not artifact.shape_only:
-        for tile_id in tiles:
-            if f"{tile_id}.values" not in names:
-                raise ArtifactError(f"tile {tile_id} has no tensor '{tile_id}.values' in {WEIGHTS}", file=where)
+        for t in range(count):
+            if f"{tile_name(t)}.values" not in names:
+                raise ArtifactError(f"tile {tile_name(t)} has no tensor '{tile_name(t)}.values' in {WEIGHTS}", file=where)
     try:
         nodes = {node.name for node in artifact.graph().nodes}
     except ModelFormatError as error:
         raise ArtifactError(f"graph.ir does not parse: {error}", file=where) from None
     for phase, program in artifact.programs.items():
         for buffer in program.buffers.values():
-            if buffer.tile.startswith("t") and buffer.tile not in tiles:
-                raise ArtifactError(f"{phase} program: buffer '{buffer.name}' holds unknown tile '{buffer.tile}'",
-                                    file=where)
+            if buffer.tile is not None and not 0 <= buffer.tile < count:
+                raise ArtifactError(f"{phase} program: buffer '{buffer.name}' holds unknown tile "
+                                    f"'{tile_name(buffer.tile)}'", file=where)
         for chiplet, step, ins in program.instructions():
-            if ins.op == "compute" and ins["node"] not in nodes:
+            if isinstance(ins, Compute) and ins.node not in nodes:
                 raise ArtifactError(f"{phase} program, stream {chiplet} step {step}: compute names node "
-                                    f"'{ins['node']}', which graph.ir does not have", file=where)
+                                    f"'{ins.node}', which graph.ir does not have", file=where)

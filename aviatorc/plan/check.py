@@ -1,60 +1,73 @@
-"""The plan checker: a program re-read against its placement and target, apart from the scheduler.
+"""The plan checker: a program re-read against the plan's tiles and target, apart from the scheduler.
 
-    check_program(program, placement, target, chiplets=plan.chiplets)   # one phase
-    check_plan(plan, target)                                            # every phase
+    check_program(program, plan.tiles, target, chiplets=plan.chiplets)   # one phase
+    check_plan(plan, target)                                              # every phase
 
 It goes after `schedule` (and before anything writes or runs a plan). It shares no code with
-`aviatorc.schedule`: everything is re-derived from the program text's meaning (see
-`aviatorc.plan.ir`), the placement and the target, so a scheduler bug cannot hide behind the
-same bug here. It proves, in this order (the first broken rule is raised):
+`aviatorc.schedule`: everything is re-derived from the program's meaning (see
+`aviatorc.plan.ir`), the tiles and the target, so a scheduler bug cannot hide behind the same
+bug here. It proves, in this order (the first broken rule is raised):
 
 1. Chiplets: the allowed chiplets exist; no resident tile, compute chiplet, buffer or stream
-   lies outside them; a streamed tile comes from a real card and computes on that card.
+   lies outside them; a streamed tile comes from an LPDDR channel the target has.
 2. Buffers: a resident buffer holds a tile resident on its chiplet, and every resident tile
    has one; the resident, KV and scratch buffers of a chiplet fit its SRAM.
-3. Each stream, in order: every buffer it names is declared and on its chiplet; a `load`
-   fills a staging buffer from the card the placement streams its tile from, is not repeated
-   while the buffer is live, and keeps the chiplet within its SRAM; a `compute` reads a
-   staging buffer only after its `load` and a `wait` on it and before its `free`, a resident
-   tile only where it is resident, a staged tile only on its compute chiplet; every staging
-   buffer loaded is freed by the end of the stream; sends go to allowed chiplets.
-4. Transfers: each `recv` has exactly one `send` of the same value and bytes from its source
+3. Transfers: each `recv` has exactly one `send` of the same value and bytes from its source
    to it, and each `send` one `recv`; a `wait` is on a load of its own stream or on a signal.
-5. Deadlock: the streams run symbolically (sends, signals and loads release; recvs and waits
-   block) until nothing moves; a stream left unfinished is blocked forever.
+4. Each stream, run as the machine would (`aviatorc.plan.interpret`): every buffer it names is
+   declared and on its chiplet; a `load` fills a staging buffer from the channel the plan
+   streams its tile from, is not repeated while the buffer is live, and keeps the chiplet
+   within its SRAM; a `compute` reads a staging buffer only after its `load` and a `wait` on it
+   and before its `free`, a resident tile only where it is resident, a staged tile only on its
+   compute chiplet; every staging buffer loaded is freed by the end of the stream; sends go to
+   allowed chiplets; loads and stores name real channels.
+5. Deadlock: the run above ends with every stream finished; a stream left blocked is named,
+   with the cycle of streams waiting on each other.
 
-Time is not modelled (the simulator does that): a load's event counts as fired once the load
-is issued, since the copy always lands. Everything runs in one pass per rule over the
-instructions, linear in the program's size.
-A failure is a bug in aviatorc (the scheduler made a plan the machine cannot run): it raises
-`PlanCheckError` with the rule (`check`), the stream and step, and the program around it.
+Time is not modelled (the simulator does that): a load's event fires when it is issued, since
+the copy always lands. The staging rules (`StagingRules`) are the ones the sim backend proves
+again on a real run. A failure is a bug in aviatorc (the scheduler made a plan the machine
+cannot run), or a tampered plan: it raises `PlanCheckError` with the rule (`check`), the stream
+and step, and the program around it.
 """
 
 from __future__ import annotations
 
-import re
-from collections import deque
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from aviatorc.errors import AviatorError
-from aviatorc.partition.placement import Placement
-from aviatorc.plan.ir import Buffer, Instr, Program, format_instr
-from aviatorc.plan.plan import Plan
+from aviatorc.plan.interpret import StreamInterpreter
+from aviatorc.plan.ir import (
+    Buffer,
+    Compute,
+    Free,
+    Host,
+    Load,
+    Program,
+    Recv,
+    Send,
+    Signal,
+    Store,
+    ValueRef,
+    Wait,
+    format_instr,
+    tile_name,
+)
+from aviatorc.plan.plan import Plan, PlannedTile
 from aviatorc.target import Target
 
 # Every rule the checker raises, by its `check` name: what a plan breaking it did.
 CHECKS: dict[str, str] = {
     "unknown-chiplet": "the allowed chiplets name one the target does not have",
-    "wrong-target": "the placement was made for a machine of another size",
+    "wrong-target": "the tiles were placed for a machine of another size",
     "outside-chiplets": "a stream, buffer, transfer, resident tile or compute chiplet outside the allowed chiplets",
-    "unknown-tile": "a weight buffer names a tile the placement does not have",
-    "missing-resident": "a tile the placement keeps resident has no resident buffer (its SRAM is not counted)",
+    "unknown-tile": "a weight buffer names a tile the plan does not have",
+    "missing-resident": "a tile the plan keeps resident has no resident buffer (its SRAM is not counted)",
     "undeclared-buffer": "an instruction names a buffer the program does not declare",
     "wrong-chiplet": "a buffer is used on another chiplet than its own, or a tile where it does not compute",
     "not-staging": "a load or free names a buffer that is not a staging buffer",
-    "wrong-card": "a load from a card that does not exist or does not stream the tile",
+    "wrong-channel": "a load from an LPDDR channel that does not exist or does not stream the tile",
     "load-size": "a load brings more bytes than its staging buffer holds",
     "double-load": "a staging buffer loaded again while still live",
     "missing-load": "a staging buffer waited for, read or freed with no load before it",
@@ -71,7 +84,7 @@ CHECKS: dict[str, str] = {
 }
 
 CONTEXT_LINES = 3  # instructions shown either side of the bad one
-_WEIGHT_TILE = re.compile(r"t(\d+)\Z")
+Fail = Callable[..., Exception]  # (check, message, stream, step, **fields) -> the error to raise
 
 
 class PlanCheckError(AviatorError):
@@ -95,40 +108,153 @@ class PlanCheckError(AviatorError):
 
 
 def check_plan(plan: Plan, target: Target) -> None:
-    """Check every program of `plan` against its placement on `target`, within `plan.chiplets`."""
+    """Check every program of `plan` against its tiles on `target`, within `plan.chiplets`."""
     for phase in sorted(plan.programs):
-        check_program(plan.programs[phase], plan.placement, target, chiplets=plan.chiplets)
+        check_program(plan.programs[phase], plan.tiles, target, chiplets=plan.chiplets)
 
 
-def check_program(program: Program, placement: Placement, target: Target, *, chiplets: Sequence[int]) -> None:
+def check_program(program: Program, tiles: Sequence[PlannedTile], target: Target, *, chiplets: Sequence[int]) -> None:
     """Raise `PlanCheckError` for the first rule `program` breaks (see the module docstring)."""
-    checker = _Checker(program, placement, target, frozenset(chiplets))
+    checker = _Checker(program, tuple(tiles), target, frozenset(chiplets))
     checker.check_chiplets()
     checker.check_buffers()
-    streams = [checker.check_stream(c) for c in sorted(program.streams)]
-    checker.check_transfers(streams)
-    checker.check_deadlock()
+    checker.check_transfers()
+    checker.run()
 
 
-@dataclass
-class _StreamFacts:
-    """What one stream sends, receives, signals and waits on (beyond its own loads)."""
-
-    chiplet: int
-    sends: list[tuple[int, Instr]] = field(default_factory=list)
-    recvs: list[tuple[int, Instr]] = field(default_factory=list)
-    signals: list[tuple[int, Instr]] = field(default_factory=list)
-    waits: list[tuple[int, Instr]] = field(default_factory=list)  # waits not on this stream's own staging buffers
+def held_bytes(program: Program) -> dict[int, int]:
+    """Per chiplet: the buffers held for the whole program (everything but staging)."""
+    held: dict[int, int] = {}
+    for b in program.buffers.values():
+        if b.kind != "staging":
+            held[b.chiplet] = held.get(b.chiplet, 0) + b.bytes
+    return held
 
 
-class _Checker:
-    def __init__(self, program: Program, placement: Placement, target: Target, allowed: frozenset[int]) -> None:
-        self.program, self.placement, self.target, self.allowed = program, placement, target, allowed
-        self.sram_bytes = target.chiplet.sram_bytes
-        self.held = self._held_bytes()
-        # The weight tile each buffer holds (None: a KV block, scratch, or no tile).
-        self.tile_of: dict[str, int | None] = {name: _weight_tile(b, len(placement.tiles))
-                                               for name, b in program.buffers.items()}
+def over_capacity(program: Program, sram_bytes: int, fail: Fail) -> None:
+    """Raise `fail("over-capacity", ...)` for the first chiplet whose held buffers overflow its SRAM."""
+    for c, held in sorted(held_bytes(program).items()):
+        if held > sram_bytes:
+            by_kind: dict[str, int] = {}
+            for b in program.buffers.values():
+                if b.chiplet == c and b.kind != "staging":
+                    by_kind[b.kind] = by_kind.get(b.kind, 0) + b.bytes
+            parts = ", ".join(f"{kind} {n:,}" for kind, n in sorted(by_kind.items()))
+            raise fail("over-capacity", f"chiplet {c} holds {held:,} bytes for the whole program ({parts}) but has "
+                       f"{sram_bytes:,} bytes of SRAM", c, None)
+
+
+class StagingRules:
+    """The life of each chiplet's staging buffers and its SRAM at every step: loaded before it is
+    waited for, waited for before it is read, not read after its free, freed once, and the held
+    buffers plus the live staging ones within the SRAM. The checker proves them on the program;
+    the sim backend proves them again on each checked run. `fail(check, message, stream, step)`
+    makes the error each raises."""
+
+    def __init__(self, program: Program, sram_bytes: int, fail: Fail) -> None:
+        self.program, self.sram_bytes, self.fail = program, sram_bytes, fail
+        self.held = held_bytes(program)
+        self.live: dict[int, dict[str, int]] = {}  # chiplet -> staging buffer -> step of its load
+        self.waited: dict[int, set[str]] = {}
+        self.freed: dict[int, dict[str, int]] = {}  # chiplet -> staging buffer -> step of its free
+        self.staged: dict[int, int] = {}
+        self.peak: dict[int, int] = dict(self.held)
+
+    def buffer(self, c: int, step: int, op: str, name: str) -> Buffer:
+        """The buffer an instruction names: declared, and on this chiplet."""
+        b = self.program.buffers.get(name)
+        if b is None:
+            raise self.fail("undeclared-buffer", f"{op} names buffer '{name}' that the program does not declare",
+                            c, step)
+        if b.chiplet != c:
+            raise self.fail("wrong-chiplet", f"{op} names buffer '{name}' of chiplet {b.chiplet} on chiplet {c}",
+                            c, step)
+        return b
+
+    def load(self, c: int, step: int, b: Buffer) -> None:
+        live = self.live.setdefault(c, {})
+        if b.kind != "staging":
+            raise self.fail("not-staging", f"load '{b.name}' into a {b.kind} buffer: loads fill staging buffers",
+                            c, step)
+        if b.name in live:
+            raise self.fail("double-load", f"load '{b.name}' again while it is live (loaded at step "
+                            f"{live[b.name]}, not freed)", c, step)
+        total = self.held.get(c, 0) + self.staged.get(c, 0) + b.bytes
+        if total > self.sram_bytes:
+            raise self.fail("over-capacity", f"load '{b.name}' ({b.bytes:,} bytes) brings chiplet {c} to {total:,} "
+                            f"bytes ({self.held.get(c, 0):,} held, {self.staged.get(c, 0):,} staged in {len(live)} "
+                            f"buffer(s)) but it has {self.sram_bytes:,} bytes of SRAM", c, step)
+        live[b.name] = step
+        self.freed.setdefault(c, {}).pop(b.name, None)
+        self.waited.setdefault(c, set()).discard(b.name)
+        self.staged[c] = self.staged.get(c, 0) + b.bytes
+        self.peak[c] = max(self.peak.get(c, 0), total)
+
+    def own_staging(self, c: int, event: str) -> bool:
+        """Whether `event` is one of this chiplet's staging buffers (a wait on its own load)."""
+        b = self.program.buffers.get(event)
+        return b is not None and b.kind == "staging" and b.chiplet == c
+
+    def wait(self, c: int, step: int, name: str) -> None:
+        if name not in self.live.get(c, {}):
+            raise self.fail("missing-load", f"wait for staging buffer '{name}' {self._load_after(c, step, name)}",
+                            c, step)
+        self.waited.setdefault(c, set()).add(name)
+
+    def read(self, c: int, step: int, b: Buffer, what: str) -> None:
+        if b.kind != "staging":
+            return
+        live = self.live.get(c, {})
+        if b.name in live:
+            if b.name not in self.waited.get(c, set()):
+                raise self.fail("missing-wait", f"{what} reads staging buffer '{b.name}' (loaded at step "
+                                f"{live[b.name]}) with no wait on its load before it", c, step)
+        elif b.name in self.freed.get(c, {}):
+            raise self.fail("use-after-free", f"{what} reads staging buffer '{b.name}' after its free at step "
+                            f"{self.freed[c][b.name]}", c, step)
+        else:
+            raise self.fail("missing-load", f"{what} reads staging buffer '{b.name}' {self._load_after(c, step, b.name)}",
+                            c, step)
+
+    def free(self, c: int, step: int, b: Buffer) -> None:
+        if b.kind != "staging":
+            raise self.fail("not-staging", f"free '{b.name}' of a {b.kind} buffer: only staging buffers are freed",
+                            c, step)
+        live = self.live.get(c, {})
+        if b.name not in live:
+            freed = self.freed.get(c, {})
+            if b.name in freed:
+                raise self.fail("double-free", f"free '{b.name}' again (freed at step {freed[b.name]})", c, step)
+            raise self.fail("missing-load", f"free of staging buffer '{b.name}' {self._load_after(c, step, b.name)}",
+                            c, step)
+        del live[b.name]
+        self.waited.get(c, set()).discard(b.name)
+        self.freed.setdefault(c, {})[b.name] = step
+        self.staged[c] -= b.bytes
+
+    def finish(self, c: int) -> None:
+        """The end of stream c: nothing it loaded is still live."""
+        live = self.live.get(c, {})
+        if live:
+            name, step = min(live.items(), key=lambda item: item[1])
+            raise self.fail("unfreed-buffer", f"staging buffer '{name}' loaded here is never freed "
+                            f"({len(live)} buffer(s) live at the end of stream {c})", c, step)
+
+    def _load_after(self, c: int, step: int, name: str) -> str:
+        """How a buffer used at `step` lacks its load: none at all, or one only later (error path only)."""
+        for later, ins in enumerate(self.program.streams.get(c, [])[step + 1:], start=step + 1):
+            if isinstance(ins, Load) and ins.buf == name:
+                return f"before its load at step {later}"
+        return "with no live load (it is never loaded)"
+
+
+class _Checker(StreamInterpreter):
+    def __init__(self, program: Program, tiles: tuple[PlannedTile, ...], target: Target,
+                 allowed: frozenset[int]) -> None:
+        super().__init__(program)
+        self.tiles, self.target, self.allowed = tiles, target, allowed
+        self.rules = StagingRules(program, target.chiplet.sram_bytes, self.fail)
+        self.signals = {ins.event for _, _, ins in program.instructions() if isinstance(ins, Signal)}
 
     # -- errors --------------------------------------------------------------------------
 
@@ -144,232 +270,87 @@ class _Checker:
             lines.append(f"{'>>' if i == step else '  '} {i:6d}  {format_instr(instructions[i])}")
         return "\n".join(lines + ["}"])
 
-    def _allowed_text(self) -> str:
-        return _list(self.allowed)
+    def _tile(self, b: Buffer) -> PlannedTile | None:
+        return self.tiles[b.tile] if b.tile is not None and 0 <= b.tile < len(self.tiles) else None
 
     # -- 1. chiplets ---------------------------------------------------------------------
 
     def check_chiplets(self) -> None:
-        placement, target = self.placement, self.target
+        target = self.target
         unknown = sorted(c for c in self.allowed if not 0 <= c < target.num_chiplets)
         if unknown:
             raise self.fail("unknown-chiplet", f"allowed chiplet {unknown[0]} does not exist: the target "
                             f"'{target.name}' has chiplets 0..{target.num_chiplets - 1}")
-        if (placement.num_chiplets, placement.num_cards) != (target.num_chiplets, target.cards):
-            raise self.fail("wrong-target", f"the placement is for {placement.num_chiplets} chiplets on "
-                            f"{placement.num_cards} card(s) but the target '{target.name}' has "
-                            f"{target.num_chiplets} on {target.cards}")
-        num_c = placement.num_chiplets
-        for t, (w, c) in enumerate(zip(placement.where, placement.compute_chiplet, strict=True)):
-            if w < num_c and w not in self.allowed:
-                raise self.fail("outside-chiplets", f"tile t{t} is resident on chiplet {w}, outside the allowed "
-                                f"chiplets {self._allowed_text()}", stream=w)
-            if c not in self.allowed:
-                raise self.fail("outside-chiplets", f"tile t{t} computes on chiplet {c}, outside the allowed "
-                                f"chiplets {self._allowed_text()}", stream=c)
-            if w >= num_c:
-                card = w - num_c
-                if card >= target.cards:
-                    raise self.fail("wrong-card", f"tile t{t} streams from card {card} but the target has "
-                                    f"{target.cards} card(s)")
-                if target.card_of(c) != card:  # the staging buffer sits on a chiplet of the streaming card
-                    raise self.fail("wrong-card", f"tile t{t} streams from card {card} but computes on chiplet {c} "
-                                    f"of card {target.card_of(c)}", stream=c)
+        for t, tile in enumerate(self.tiles):
+            for c in (tile.chiplet, tile.compute_chiplet):
+                if c is not None and not 0 <= c < target.num_chiplets:
+                    raise self.fail("wrong-target", f"tile {tile_name(t)} names chiplet {c} but the target "
+                                    f"'{target.name}' has chiplets 0..{target.num_chiplets - 1}")
+            if tile.chiplet is not None and tile.chiplet not in self.allowed:
+                raise self.fail("outside-chiplets", f"tile {tile_name(t)} is resident on chiplet {tile.chiplet}, "
+                                f"outside the allowed chiplets {_list(self.allowed)}", stream=tile.chiplet)
+            if tile.compute_chiplet not in self.allowed:
+                raise self.fail("outside-chiplets", f"tile {tile_name(t)} computes on chiplet {tile.compute_chiplet}, "
+                                f"outside the allowed chiplets {_list(self.allowed)}", stream=tile.compute_chiplet)
+            if tile.channel is not None and not 0 <= tile.channel < target.num_channels:
+                raise self.fail("wrong-channel", f"tile {tile_name(t)} streams from LPDDR channel {tile.channel} but "
+                                f"the target has {target.num_channels} channel(s)")
         for b in self.program.buffers.values():
             if b.chiplet not in self.allowed:
                 raise self.fail("outside-chiplets", f"buffer '{b.name}' lies on chiplet {b.chiplet}, outside the "
-                                f"allowed chiplets {self._allowed_text()}", stream=b.chiplet)
+                                f"allowed chiplets {_list(self.allowed)}", stream=b.chiplet)
         for c in sorted(self.program.streams):
             if c not in self.allowed:
                 raise self.fail("outside-chiplets", f"stream {c} runs on a chiplet outside the allowed chiplets "
-                                f"{self._allowed_text()}", stream=c)
+                                f"{_list(self.allowed)}", stream=c)
 
     # -- 2. buffers ----------------------------------------------------------------------
 
     def check_buffers(self) -> None:
-        placement = self.placement
-        num_c = placement.num_chiplets
         has_buffer: set[int] = set()
         for name, b in self.program.buffers.items():
-            tile = self.tile_of[name]
-            if b.tile and _WEIGHT_TILE.match(b.tile) and tile is None:
-                raise self.fail("unknown-tile", f"buffer '{name}' holds tile {b.tile} but the placement has "
-                                f"tiles t0..t{len(placement.tiles) - 1}", stream=b.chiplet)
+            tile = self._tile(b)
+            if b.tile is not None and tile is None:
+                raise self.fail("unknown-tile", f"buffer '{name}' holds tile {tile_name(b.tile)} but the plan has "
+                                f"tiles t0..t{len(self.tiles) - 1}", stream=b.chiplet)
             if b.kind != "resident":
                 continue
-            if tile is None:
-                raise self.fail("unknown-tile", f"resident buffer '{name}' names no tile of the placement "
-                                f"(tile='{b.tile}')", stream=b.chiplet)
-            w = placement.where[tile]
-            if w != b.chiplet:
-                where = f"resident on chiplet {w}" if w < num_c else f"streamed from card {w - num_c}"
-                raise self.fail("wrong-chiplet", f"resident buffer '{name}' holds tile t{tile} on chiplet "
-                                f"{b.chiplet} but the placement has it {where}", stream=b.chiplet)
-            has_buffer.add(tile)
-        for t, w in enumerate(placement.where):
-            if w < num_c and t not in has_buffer:
-                raise self.fail("missing-resident", f"tile t{t} is resident on chiplet {w} but the program "
-                                f"declares no resident buffer for it", stream=w)
-        for c in sorted(self.held):
-            if self.held[c] > self.sram_bytes:
-                by_kind: dict[str, int] = {}
-                for b in self.program.buffers.values():
-                    if b.chiplet == c and b.kind != "staging":
-                        by_kind[b.kind] = by_kind.get(b.kind, 0) + b.bytes
-                parts = ", ".join(f"{kind} {n:,}" for kind, n in sorted(by_kind.items()))
-                raise self.fail("over-capacity", f"chiplet {c} holds {self.held[c]:,} bytes for the whole program "
-                                f"({parts}) but has {self.sram_bytes:,} bytes of SRAM", stream=c)
+            if tile is None or b.tile is None:
+                raise self.fail("unknown-tile", f"resident buffer '{name}' names no tile of the plan",
+                                stream=b.chiplet)
+            if tile.chiplet != b.chiplet:
+                where = (f"resident on chiplet {tile.chiplet}" if tile.chiplet is not None
+                         else f"streamed from channel {tile.channel}")
+                raise self.fail("wrong-chiplet", f"resident buffer '{name}' holds tile {tile_name(b.tile)} on chiplet "
+                                f"{b.chiplet} but the plan has it {where}", stream=b.chiplet)
+            has_buffer.add(b.tile)
+        for t, tile in enumerate(self.tiles):
+            if tile.chiplet is not None and t not in has_buffer:
+                raise self.fail("missing-resident", f"tile {tile_name(t)} is resident on chiplet {tile.chiplet} but "
+                                "the program declares no resident buffer for it", stream=tile.chiplet)
+        over_capacity(self.program, self.target.chiplet.sram_bytes,
+                      lambda check, message, c, step: self.fail(check, message, stream=c))
 
-    def _held_bytes(self) -> dict[int, int]:
-        """Per chiplet: the buffers held for the whole program (everything but staging)."""
-        held: dict[int, int] = {}
-        for b in self.program.buffers.values():
-            if b.kind != "staging":
-                held[b.chiplet] = held.get(b.chiplet, 0) + b.bytes
-        return held
+    # -- 3. transfers and events ---------------------------------------------------------
 
-    # -- 3. one stream -------------------------------------------------------------------
-
-    def check_stream(self, c: int) -> _StreamFacts:
-        facts = _StreamFacts(c)
-        live: dict[str, int] = {}  # staging buffer -> step of its load
-        waited: set[str] = set()  # live buffers waited for
-        freed: dict[str, int] = {}  # staging buffer -> step of its last free
-        staged_bytes = 0
-        instructions = self.program.streams[c]
-        for step, ins in enumerate(instructions):
-            op = ins.op
-            if op == "load":
-                name = ins["buf"]
-                b = self._use(c, step, ins, name)
-                self._check_load(c, step, ins, b)
-                if name in live:
-                    raise self.fail("double-load", f"load '{name}' again while it is live (loaded at step "
-                                    f"{live[name]}, not freed)", c, step)
-                live[name] = step
-                waited.discard(name)
-                staged_bytes += b.bytes
-                if self.held.get(c, 0) + staged_bytes > self.sram_bytes:
-                    raise self.fail("over-capacity", f"load '{name}' ({b.bytes:,} bytes) brings chiplet {c} to "
-                                    f"{self.held.get(c, 0) + staged_bytes:,} bytes ({self.held.get(c, 0):,} held, "
-                                    f"{staged_bytes:,} staged in {len(live)} buffer(s)) but it has "
-                                    f"{self.sram_bytes:,} bytes of SRAM", c, step)
-            elif op == "wait":
-                name = ins["event"]
-                event_buffer = self.program.buffers.get(name)
-                if event_buffer is None or event_buffer.kind != "staging" or event_buffer.chiplet != c:
-                    facts.waits.append((step, ins))  # a signal's event (or a bad wait): matched later
-                elif name in live:
-                    waited.add(name)
-                elif name not in freed:
-                    raise self.fail("missing-load", f"wait for staging buffer '{name}' "
-                                    f"{self._load_after(c, step, name)}", c, step)
-            elif op == "compute":
-                for name in ins["bufs"]:
-                    b = self._use(c, step, ins, name)
-                    if b.kind != "staging":
-                        continue
-                    what = f"compute '{ins['node']}' reads staging buffer '{name}'"
-                    if name in live:
-                        if name not in waited:
-                            raise self.fail("missing-wait", f"{what} (loaded at step {live[name]}) with no wait "
-                                            f"on its load before it", c, step)
-                    elif name in freed:
-                        raise self.fail("use-after-free", f"{what} that was freed at step {freed[name]}", c, step)
-                    else:
-                        raise self.fail("missing-load", f"{what} {self._load_after(c, step, name)}", c, step)
-            elif op == "free":
-                name = ins["buf"]
-                b = self._use(c, step, ins, name)
-                if b.kind != "staging":
-                    raise self.fail("not-staging", f"free '{name}' of a {b.kind} buffer: only staging buffers "
-                                    f"are freed", c, step)
-                if name not in live:
-                    if name in freed:
-                        raise self.fail("double-free", f"free '{name}' again (freed at step {freed[name]})", c, step)
-                    raise self.fail("missing-load", f"free of staging buffer '{name}' "
-                                    f"{self._load_after(c, step, name)}", c, step)
-                del live[name]
-                waited.discard(name)
-                freed[name] = step
-                staged_bytes -= b.bytes
-            elif op == "send":
-                if ins["to"] not in self.allowed:
-                    raise self.fail("outside-chiplets", f"send '{ins['value']}' to chiplet {ins['to']}, outside the "
-                                    f"allowed chiplets {self._allowed_text()}", c, step)
-                facts.sends.append((step, ins))
-            elif op == "recv":
-                if ins["src"] not in self.allowed:
-                    raise self.fail("outside-chiplets", f"recv '{ins['value']}' from chiplet {ins['src']}, outside "
-                                    f"the allowed chiplets {self._allowed_text()}", c, step)
-                facts.recvs.append((step, ins))
-            elif op == "signal":
-                facts.signals.append((step, ins))
-        if live:
-            name, step = min(live.items(), key=lambda item: item[1])
-            raise self.fail("unfreed-buffer", f"staging buffer '{name}' loaded here is never freed "
-                            f"({len(live)} buffer(s) live at the end of stream {c})", c, step)
-        return facts
-
-    def _use(self, c: int, step: int, ins: Instr, name: str) -> Buffer:
-        """The buffer `ins` names, declared, on this chiplet, and with its tile where it belongs."""
-        b = self.program.buffers.get(name)
-        if b is None:
-            raise self.fail("undeclared-buffer", f"{ins.op} names buffer '{name}' that the program does not "
-                            f"declare", c, step)
-        if b.chiplet != c:
-            raise self.fail("wrong-chiplet", f"{ins.op} names buffer '{name}' of chiplet {b.chiplet} on "
-                            f"chiplet {c}", c, step)
-        tile = self.tile_of[name]
-        if tile is not None and b.kind == "staging" and self.placement.compute_chiplet[tile] != c:
-            raise self.fail("wrong-chiplet", f"{ins.op} uses tile t{tile} (buffer '{name}') on chiplet {c} but it "
-                            f"computes on chiplet {self.placement.compute_chiplet[tile]}", c, step)
-        if tile is not None and b.kind == "resident" and self.placement.where[tile] != c:
-            raise self.fail("wrong-chiplet", f"{ins.op} reads resident tile t{tile} on chiplet {c} but it is "
-                            f"resident on {self.placement.where[tile]}", c, step)
-        return b
-
-    def _check_load(self, c: int, step: int, ins: Instr, b: Buffer) -> None:
-        name, card = b.name, ins["card"]
-        if b.kind != "staging":
-            raise self.fail("not-staging", f"load '{name}' into a {b.kind} buffer: loads fill staging buffers",
-                            c, step)
-        if not 0 <= card < self.target.cards:
-            raise self.fail("wrong-card", f"load '{name}' from card {card} but the target has "
-                            f"{self.target.cards} card(s)", c, step)
-        tile = self.tile_of[name]
-        if tile is not None:
-            streamed_from = self.placement.streaming_card(tile)
-            if streamed_from is None:
-                raise self.fail("wrong-card", f"load '{name}' streams tile t{tile} from card {card} but the placement "
-                                f"keeps it resident on chiplet {self.placement.where[tile]}", c, step)
-            if card != streamed_from:
-                raise self.fail("wrong-card", f"load '{name}' streams tile t{tile} from card {card} but the "
-                                f"placement streams it from card {streamed_from}", c, step)
-        if ins["bytes"] > b.bytes:
-            raise self.fail("load-size", f"load '{name}' brings {ins['bytes']:,} bytes into a buffer of "
-                            f"{b.bytes:,}", c, step)
-
-    def _load_after(self, c: int, step: int, name: str) -> str:
-        """How a buffer used at `step` lacks its load: none at all, or one only later (error path only)."""
-        for later, ins in enumerate(self.program.streams[c][step + 1:], start=step + 1):
-            if ins.op == "load" and ins["buf"] == name:
-                return f"before its load at step {later}"
-        return "that is never loaded"
-
-    # -- 4. transfers and events ---------------------------------------------------------
-
-    def check_transfers(self, streams: list[_StreamFacts]) -> None:
+    def check_transfers(self) -> None:
         # (value, src, dst) -> [(step, bytes)] of the sends and of the recvs.
-        sends: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
-        recvs: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
-        signals: set[str] = set()
-        for s in streams:
-            for step, ins in s.sends:
-                sends.setdefault((ins["value"], s.chiplet, ins["to"]), []).append((step, ins["bytes"]))
-            for step, ins in s.recvs:
-                recvs.setdefault((ins["value"], ins["src"], s.chiplet), []).append((step, ins["bytes"]))
-            signals.update(ins["event"] for _, ins in s.signals)
+        sends: dict[tuple[ValueRef, int, int], list[tuple[int, int]]] = {}
+        recvs: dict[tuple[ValueRef, int, int], list[tuple[int, int]]] = {}
+        waits: list[tuple[int, int, Wait]] = []
+        for c, step, ins in self.program.instructions():
+            if isinstance(ins, Send):
+                if ins.to not in self.allowed:
+                    raise self.fail("outside-chiplets", f"send '{ins.value}' to chiplet {ins.to}, outside the allowed "
+                                    f"chiplets {_list(self.allowed)}", c, step)
+                sends.setdefault((ins.value, c, ins.to), []).append((step, ins.bytes))
+            elif isinstance(ins, Recv):
+                if ins.src not in self.allowed:
+                    raise self.fail("outside-chiplets", f"recv '{ins.value}' from chiplet {ins.src}, outside the "
+                                    f"allowed chiplets {_list(self.allowed)}", c, step)
+                recvs.setdefault((ins.value, ins.src, c), []).append((step, ins.bytes))
+            elif isinstance(ins, Wait) and not self.rules.own_staging(c, ins.event):
+                waits.append((c, step, ins))
         for (value, src, dst), got in recvs.items():
             step, nbytes = got[0]
             sent = sends.get((value, src, dst))
@@ -393,51 +374,95 @@ class _Checker:
                 where = f"stream {dst} never receives it" if dst in self.program.streams else f"chiplet {dst} has no stream"
                 raise self.fail("unmatched-send", f"send '{value}' to={dst} bytes={sent[0][1]} has no matching recv: "
                                 f"{where}", src, sent[0][0])
-        for s in streams:
-            for step, ins in s.waits:
-                event = ins["event"]
-                if event in signals:
-                    continue
-                b = self.program.buffers.get(event)
-                why = (f"it is a staging buffer of chiplet {b.chiplet}: a stream waits only on its own loads"
-                       if b is not None and b.kind == "staging" and b.chiplet != s.chiplet
-                       else "no stream signals it and it is not a load of this stream")
-                raise self.fail("unmatched-wait", f"wait '{event}' can never fire: {why}", s.chiplet, step)
+        for c, step, ins in waits:
+            if ins.event in self.signals:
+                continue
+            b = self.program.buffers.get(ins.event)
+            why = (f"it is a staging buffer of chiplet {b.chiplet}: a stream waits only on its own loads"
+                   if b is not None and b.kind == "staging" else "no stream signals it and it is not a load of this stream")
+            raise self.fail("unmatched-wait", f"wait '{ins.event}' can never fire: {why}", c, step)
+
+    # -- 4. the streams, run -------------------------------------------------------------
+
+    def _channel(self, c: int, step: int, what: str, channel: int) -> None:
+        if not 0 <= channel < self.target.num_channels:
+            raise self.fail("wrong-channel", f"{what} LPDDR channel {channel} but the target has "
+                            f"{self.target.num_channels} channel(s)", c, step)
+
+    def _end_of(self, c: int, step: int, now: float) -> float:
+        if step == len(self.streams[c]) - 1:
+            self.rules.finish(c)
+        return now
+
+    def on_load(self, c: int, step: int, ins: Load, now: float) -> float:
+        b = self.rules.buffer(c, step, "load", ins.buf)
+        if b.kind == "staging":
+            self._channel(c, step, f"load '{b.name}' from", ins.channel)
+            tile = self._tile(b)
+            if tile is not None:
+                if tile.channel is None:
+                    raise self.fail("wrong-channel", f"load '{b.name}' streams tile {tile_name(b.tile or 0)} from "
+                                    f"channel {ins.channel} but the plan keeps it resident on chiplet {tile.chiplet}",
+                                    c, step)
+                if ins.channel != tile.channel:
+                    raise self.fail("wrong-channel", f"load '{b.name}' streams tile {tile_name(b.tile or 0)} from "
+                                    f"channel {ins.channel} but the plan streams it from channel {tile.channel}", c, step)
+                if tile.compute_chiplet != c:
+                    raise self.fail("wrong-chiplet", f"load uses tile {tile_name(b.tile or 0)} (buffer '{b.name}') on "
+                                    f"chiplet {c} but it computes on chiplet {tile.compute_chiplet}", c, step)
+            if ins.bytes > b.bytes:
+                raise self.fail("load-size", f"load '{b.name}' brings {ins.bytes:,} bytes into a buffer of "
+                                f"{b.bytes:,}", c, step)
+        self.rules.load(c, step, b)
+        self.fire(ins.buf, now)
+        return self._end_of(c, step, now)
+
+    def on_wait(self, c: int, step: int, ins: Wait, now: float) -> float | None:
+        if self.rules.own_staging(c, ins.event):
+            self.rules.wait(c, step, ins.event)
+        after = self.await_key(c, ins.event, now)
+        return after if after is None else self._end_of(c, step, after)
+
+    def on_signal(self, c: int, step: int, ins: Signal, now: float) -> float:
+        self.fire(ins.event, now)
+        return self._end_of(c, step, now)
+
+    def on_compute(self, c: int, step: int, ins: Compute, now: float) -> float:
+        what = f"compute '{ins.node}'"
+        for name in ins.bufs:
+            b = self.rules.buffer(c, step, "compute", name)
+            tile = self._tile(b)
+            if tile is not None and b.kind == "staging" and tile.compute_chiplet != c:
+                raise self.fail("wrong-chiplet", f"compute uses tile {tile_name(b.tile or 0)} (buffer '{name}') on "
+                                f"chiplet {c} but it computes on chiplet {tile.compute_chiplet}", c, step)
+            if tile is not None and b.kind == "resident" and tile.chiplet != c:
+                raise self.fail("wrong-chiplet", f"compute reads resident tile {tile_name(b.tile or 0)} on chiplet {c} "
+                                f"but it is resident on {tile.chiplet}", c, step)
+            self.rules.read(c, step, b, what)
+        return self._end_of(c, step, now)
+
+    def on_send(self, c: int, step: int, ins: Send, now: float) -> float:
+        self.fire(self.transfer_key(ins.value, c, ins.to), now)
+        return self._end_of(c, step, now)
+
+    def on_recv(self, c: int, step: int, ins: Recv, now: float) -> float | None:
+        after = self.await_key(c, self.transfer_key(ins.value, ins.src, c), now)
+        return after if after is None else self._end_of(c, step, after)
+
+    def on_free(self, c: int, step: int, ins: Free, now: float) -> float:
+        self.rules.free(c, step, self.rules.buffer(c, step, "free", ins.buf))
+        return self._end_of(c, step, now)
+
+    def on_store(self, c: int, step: int, ins: Store, now: float) -> float:
+        self._channel(c, step, f"store '{ins.what}' to", ins.channel)
+        return self._end_of(c, step, now)
+
+    def on_host(self, c: int, step: int, ins: Host, now: float) -> float:
+        return self._end_of(c, step, now)
 
     # -- 5. deadlock ---------------------------------------------------------------------
 
-    def check_deadlock(self) -> None:
-        """Run the streams without time: each runs until it blocks on something not yet released.
-        Releases are permanent, so the order the streams run in does not change which finish;
-        each instruction is executed once, so this is linear."""
-        streams = self.program.streams
-        pc = dict.fromkeys(streams, 0)
-        released: set[tuple[Any, ...]] = set()
-        waiting: dict[tuple[Any, ...], list[int]] = {}
-        runnable = deque(sorted(streams))
-
-        def release(key: tuple[Any, ...]) -> None:
-            released.add(key)
-            runnable.extend(waiting.pop(key, ()))
-
-        while runnable:
-            c = runnable.popleft()
-            instructions = streams[c]
-            while pc[c] < len(instructions):
-                ins = instructions[pc[c]]
-                if ins.op in ("recv", "wait"):
-                    key = _block_key(c, ins)
-                    if key not in released:
-                        waiting.setdefault(key, []).append(c)
-                        break
-                elif ins.op in ("send", "signal", "load"):
-                    release(_release_key(c, ins))
-                pc[c] += 1
-        blocked = {c: pc[c] for c in sorted(streams) if pc[c] < len(streams[c])}
-        if blocked:
-            raise self._deadlock(blocked)
-
-    def _deadlock(self, blocked: dict[int, int]) -> PlanCheckError:
+    def deadlock(self, blocked: dict[int, int]) -> PlanCheckError:
         """Name the cycle: each blocked stream waits on the stream that would release it (the
         sender, or a signaller). That one is blocked too (transfers and waits were matched
         before), so following the edges from any blocked stream ends in a cycle."""
@@ -445,14 +470,15 @@ class _Checker:
         signallers: dict[str, list[int]] = {}
         for c in sorted(streams):
             for ins in streams[c]:
-                if ins.op == "signal":
-                    signallers.setdefault(ins["event"], []).append(c)
+                if isinstance(ins, Signal):
+                    signallers.setdefault(ins.event, []).append(c)
 
         def waits_on(c: int) -> int:
             ins = streams[c][blocked[c]]
-            if ins.op == "recv":
-                return int(ins["src"])
-            return next((s for s in signallers.get(ins["event"], []) if s in blocked), c)
+            if isinstance(ins, Recv):
+                return ins.src
+            event = ins.event if isinstance(ins, Wait) else ""
+            return next((s for s in signallers.get(event, []) if s in blocked), c)
 
         walk: list[int] = []
         c = min(blocked)
@@ -471,26 +497,6 @@ class _Checker:
         if behind:
             message += "; blocked behind them: " + ", ".join(at(c) for c in behind)
         return self.fail("deadlock", message, cycle[0], blocked[cycle[0]], blocked=blocked, cycle=cycle)
-
-
-def _block_key(c: int, ins: Instr) -> tuple[Any, ...]:
-    if ins.op == "recv":
-        return ("transfer", ins["value"], ins["src"], c)
-    return ("event", ins["event"])
-
-
-def _release_key(c: int, ins: Instr) -> tuple[Any, ...]:
-    if ins.op == "send":
-        return ("transfer", ins["value"], c, ins["to"])
-    if ins.op == "load":
-        return ("event", ins["buf"])
-    return ("event", ins["event"])
-
-
-def _weight_tile(b: Buffer, num_tiles: int) -> int | None:
-    """The weight tile a buffer holds ("tN"), or None (KV blocks, scratch, tiles out of range)."""
-    match = _WEIGHT_TILE.match(b.tile)
-    return int(match.group(1)) if match and int(match.group(1)) < num_tiles else None
 
 
 def _list(chiplets: Iterable[int]) -> str:

@@ -1,67 +1,346 @@
 """The plan: tiles and where they live, the programs for each phase, and what they predict.
 
-`Plan.to_dict()` is the body of `plan.json` (schema in docs/plan-format.md): sorted keys, no
-timestamps, no absolute paths, so the same inputs give the same bytes. The programs are the
-executable part (see `aviatorc.plan.ir`); `prediction` holds the simulated figures next to the
-physical bound they are judged against.
+One typed contract, from the scheduler to every reader: `schedule` builds a `Plan`, the checker
+and the simulator read it, `aviatorc.load` gives it back from an artifact, and backends run its
+programs. `Plan.to_dict()` is the body of `plan.json` (docs/plan-format.md): sorted where order
+is not meaning, no timestamps, no absolute paths, so the same inputs give the same bytes, and
+`Plan.from_dict(json)` reads it back checking every field (`aviatorc.plan.records`), so loading
+an artifact and writing it again gives identical bytes.
+
+plan.json is compact: the programs share one table of names and one of buffers (`Tables`), each
+stream is a flat list of integers, and a tile is a row of numbers beside a table of the weights
+it comes from.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aviatorc.partition.placement import Placement
-from aviatorc.plan.ir import Program, Workload
+from aviatorc.errors import AviatorError, ModelFormatError
+from aviatorc.formats import WeightFormat
+from aviatorc.plan.ir import PHASES, Program, Tables, Workload, tile_name
+from aviatorc.plan.records import from_json, to_json
 
-PLAN_SCHEMA_VERSION = 1
+if TYPE_CHECKING:
+    from aviatorc.target import Target
+
+PLAN_SCHEMA_VERSION = 2
+
+
+@dataclass(frozen=True)
+class PlannedTile:
+    """Rows [k0, k1) x columns [n0, n1) of a weight's logical [k, n] layout (an embedding's rows are
+    table rows; a tied head's columns are table rows), resident on `chiplet` or streamed from LPDDR
+    `channel`; either way it computes on `compute_chiplet` (where a streamed tile is staged)."""
+
+    weight: str
+    layer: int
+    role: str
+    rows: tuple[int, int]
+    cols: tuple[int, int]
+    format: WeightFormat
+    bytes: int
+    compute_chiplet: int
+    nodes: tuple[str, ...]
+    chiplet: int | None = None
+    channel: int | None = None
+
+    @property
+    def is_embedding(self) -> bool:
+        """A row range of a lookup table, stored as its rows (not a column strip)."""
+        return self.role == "embedding"
+
+    @property
+    def streamed(self) -> bool:
+        return self.channel is not None
+
+
+@dataclass(frozen=True)
+class MemoryFigures:
+    """The memory plan: the KV cache, activation scratch and streamed-weight staging per chiplet."""
+
+    kv_dtype: str
+    kv_location: str  # "sram" or "lpddr"
+    kv_bytes: int
+    kv_chunk_bytes: int
+    kv_layer_chiplets: dict[int, int]  # layer -> the chiplet holding (sram) or reading (lpddr) its cache
+    scratch_bytes_per_chiplet: int
+    prefill_chunk_tokens: int
+    staging_bytes_per_chiplet: int
+    stage_chunk_bytes: int
+    reserve_bytes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PhaseFigures:
+    """One simulated program: its makespan and how busy the busiest resources were."""
+
+    step_s: float
+    tokens_per_s: float
+    lpddr_busy_fraction_max: float
+    compute_busy_fraction_max: float
+    link_busy_fraction_max: float
+    chunks: int = 1  # a prefill runs in `chunks` programs of `chunk_tokens` tokens
+    chunk_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class BoundFigures:
+    """The physical bound (`aviatorc.schedule.bound`), each figure with its terms; the binding
+    term is the largest. `cards` is the number of cards the bound's best use of the machine takes."""
+
+    token_s: float
+    ttft_s: float
+    cold_s: float
+    token_terms: dict[str, float]
+    ttft_terms: dict[str, float]
+    cards: int
+
+    @property
+    def token_binding(self) -> str:
+        return max(sorted(self.token_terms), key=lambda k: self.token_terms[k])
+
+    @property
+    def ttft_binding(self) -> str:
+        return max(sorted(self.ttft_terms), key=lambda k: self.ttft_terms[k])
+
+
+@dataclass(frozen=True)
+class FigureRange:
+    """A predicted figure with the range the target's assumed figures span: `low` / `high` with
+    every assumption at its favourable / unfavourable end, and per assumption (dotted key) the
+    figure with only that one at its low and at its high end."""
+
+    nominal: float
+    low: float
+    high: float
+    sensitivity: dict[str, tuple[float, float]]
+
+    @property
+    def most_sensitive(self) -> str:
+        """The assumption whose range moves the figure most ('' when there is none)."""
+        spread = {k: abs(b - a) for k, (a, b) in self.sensitivity.items()}
+        return max(sorted(spread), key=lambda k: spread[k]) if spread and max(spread.values()) > 0 else ""
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """Time per token at another batch or context, on this placement."""
+
+    batch: int
+    context: int
+    fits: bool
+    reason: str = ""
+    kv_location: str = ""
+    time_per_token_s: float = 0.0
+    tokens_per_s: float = 0.0
+    bound_s: float = 0.0
+    efficiency: float = 0.0
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the plan predicts on its target, next to the physical bound."""
+
+    time_per_token_s: float
+    tokens_per_s: float
+    ttft_s: float
+    cold_start_s: float
+    cold_start_naive_order_s: float
+    decode: PhaseFigures
+    prefill: PhaseFigures
+    bound: BoundFigures
+    efficiency: float  # bound / simulated time per token
+    ttft_efficiency: float
+    sram_peak_bytes: dict[int, int]
+    ranges: dict[str, FigureRange] = field(default_factory=dict)  # "time_per_token_s", "ttft_s", "cold_start_s"
+    sweep: tuple[SweepPoint, ...] = ()
+
+
+@dataclass(frozen=True)
+class ColdStartOrder:
+    """Copying the weights onto the cards: the tile order, and when the first token comes."""
+
+    order: tuple[int, ...]  # tile indices, first use first
+    first_token_s: float
+    naive_first_token_s: float  # tensors in name order
+    load_s: float  # until the last byte is on the cards
 
 
 @dataclass
 class Plan:
+    """A compiled plan. `target` (the resolved target) and `trace` (the simulated decode step as a
+    Chrome trace) travel beside it: target.toml and trace.json in an artifact, not plan.json."""
+
     target_name: str
     target_sha256: str  # of the resolved target TOML written beside the plan
-    placement: Placement
     workload: Workload
     chiplets: tuple[int, ...]  # the chiplets this model may use
+    tiles: tuple[PlannedTile, ...]
     programs: dict[str, Program]  # "decode", "prefill"
-    memory: dict[str, Any]  # the memory plan's figures (KV, scratch, staging, reserve)
-    prediction: dict[str, Any]  # simulated TTFT, time per token, bound, efficiency, sweeps
-    cold_start: dict[str, Any]
+    memory: MemoryFigures
+    prediction: Prediction
+    cold_start: ColdStartOrder
     prefetch: bool = True
-    notes: list[str] = field(default_factory=list)
-    decode_timeline: Any = None  # the simulated decode step (not serialized: trace.json is its export)
-    target: Any = None  # the resolved Target (serialized as target.toml beside plan.json)
+    notes: tuple[str, ...] = ()
+    tensor_dtypes: dict[str, str] = field(default_factory=dict)  # stored as raw 16-bit words: their real dtype
+    target: Target | None = field(default=None, compare=False)
+    trace: dict[str, Any] | None = field(default=None, compare=False)
 
-    def tile_records(self) -> list[dict[str, Any]]:
-        num_c = self.placement.num_chiplets
-        out = []
-        for t, (tile, w) in enumerate(zip(self.placement.tiles, self.placement.where, strict=True)):
-            record: dict[str, Any] = {
-                "id": f"t{t}", "weight": tile.weight, "layer": tile.layer, "role": tile.role,
-                "rows": [tile.k_start, tile.k_stop], "cols": [tile.n_start, tile.n_stop],
-                "format": tile.format.to_attrs(), "bytes": tile.storage_bytes,
-                "compute_chiplet": self.placement.compute_chiplet[t], "nodes": list(tile.nodes),
-            }
-            if w < num_c:
-                record["resident_chiplet"] = w
-            else:
-                record["streamed_from_card"] = w - num_c
-            out.append(record)
-        return out
+    def tile_id(self, index: int) -> str:
+        return tile_name(index)
+
+    # -- JSON ----------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
+        tables = Tables()
+        programs = {phase: program.to_dict(tables) for phase, program in sorted(self.programs.items())}
+        weights, rows = _tile_table(self.tiles)
         return {
             "schema_version": PLAN_SCHEMA_VERSION,
             "target": {"name": self.target_name, "sha256": self.target_sha256, "file": "target.toml"},
-            "workload": {"batch": self.workload.batch, "context": self.workload.context,
-                         "prompt": self.workload.prompt},
+            "workload": self.workload.to_dict(),
             "chiplets": list(self.chiplets),
             "prefetch": self.prefetch,
-            "tiles": self.tile_records(),
-            "memory": self.memory,
-            "programs": {phase: program.to_dict() for phase, program in sorted(self.programs.items())},
-            "cold_start": self.cold_start,
-            "prediction": self.prediction,
+            "weights": weights,
+            "tiles": rows,
+            "memory": to_json(self.memory),
+            "tables": tables.to_dict(),
+            "programs": programs,
+            "cold_start": to_json(self.cold_start),
+            "prediction": to_json(self.prediction),
             "notes": list(self.notes),
+            "tensor_dtypes": dict(sorted(self.tensor_dtypes.items())),
         }
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "plan.json") -> Plan:
+        """A plan read back from its JSON, every field checked (a ModelFormatError names the field)."""
+        if not isinstance(data, dict):
+            raise ModelFormatError(f"{where} must hold a JSON object")
+        version = data.get("schema_version")
+        if version != PLAN_SCHEMA_VERSION:
+            raise ModelFormatError(f"{where}: schema version {version!r} is not supported (this aviatorc reads "
+                                   f"{PLAN_SCHEMA_VERSION}; recompile the model)")
+        expected = {"schema_version", "target", "workload", "chiplets", "prefetch", "weights", "tiles", "memory",
+                    "tables", "programs", "cold_start", "prediction", "notes", "tensor_dtypes"}
+        missing = sorted(expected - set(data))
+        if missing:
+            raise ModelFormatError(f"{where}: missing '{missing[0]}'")
+        unknown = sorted(set(data) - expected)
+        if unknown:
+            raise ModelFormatError(f"{where}: unknown field '{unknown[0]}'")
+        target = from_json(_TargetRef, data["target"], f"{where}: target")
+        try:
+            tables = Tables.from_dict(data["tables"])
+        except (KeyError, TypeError, ValueError, IndexError) as error:
+            raise ModelFormatError(f"{where}: malformed tables: {type(error).__name__}: {error}") from None
+        programs_data = data["programs"]
+        if not isinstance(programs_data, dict) or any(p not in PHASES for p in programs_data):
+            raise ModelFormatError(f"{where}: programs must be an object of phases ({', '.join(PHASES)})")
+        programs = {}
+        for phase, body in programs_data.items():
+            program = Program.from_dict(body, tables)
+            if program.phase != phase:
+                raise ModelFormatError(f"{where}: programs.{phase} holds a '{program.phase}' program")
+            programs[phase] = program
+        return cls(
+            target_name=target.name, target_sha256=target.sha256,
+            workload=from_json(Workload, data["workload"], f"{where}: workload"),
+            chiplets=from_json(_Chiplets, {"chiplets": data["chiplets"]}, where).chiplets,
+            tiles=_tiles_from(data["weights"], data["tiles"], where),
+            programs=programs,
+            memory=from_json(MemoryFigures, data["memory"], f"{where}: memory"),
+            prediction=from_json(Prediction, data["prediction"], f"{where}: prediction"),
+            cold_start=from_json(ColdStartOrder, data["cold_start"], f"{where}: cold_start"),
+            prefetch=from_json(_Flag, {"value": data["prefetch"]}, f"{where}: prefetch").value,
+            notes=from_json(_Notes, {"notes": data["notes"]}, where).notes,
+            tensor_dtypes=from_json(_Dtypes, {"dtypes": data["tensor_dtypes"]}, where).dtypes,
+        )
+
+
+# Small records that let `from_json` check plan.json's plain sections.
+@dataclass(frozen=True)
+class _TargetRef:
+    name: str
+    sha256: str
+    file: str
+
+
+@dataclass(frozen=True)
+class _Chiplets:
+    chiplets: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Flag:
+    value: bool
+
+
+@dataclass(frozen=True)
+class _Notes:
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Dtypes:
+    dtypes: dict[str, str]
+
+
+@dataclass(frozen=True)
+class _Weight:
+    """What a weight's tiles share: plan.json's `weights` table."""
+
+    name: str
+    layer: int
+    role: str
+    format: dict[str, Any]
+    nodes: tuple[str, ...]
+
+
+# A tile row: [weight index, k0, k1, n0, n1, bytes, compute chiplet, resident chiplet or -1, channel or -1].
+_TILE_ROW = 9
+
+
+def _tile_table(tiles: tuple[PlannedTile, ...]) -> tuple[list[dict[str, Any]], list[list[int]]]:
+    weights: list[dict[str, Any]] = []
+    index: dict[tuple[str, int, str, str, tuple[str, ...]], int] = {}
+    rows = []
+    for t in tiles:
+        attrs = t.format.to_attrs()
+        key = (t.weight, t.layer, t.role, repr(sorted(attrs.items())), t.nodes)
+        if key not in index:
+            index[key] = len(weights)
+            weights.append({"name": t.weight, "layer": t.layer, "role": t.role, "format": attrs, "nodes": list(t.nodes)})
+        rows.append([index[key], *t.rows, *t.cols, t.bytes, t.compute_chiplet,
+                     -1 if t.chiplet is None else t.chiplet, -1 if t.channel is None else t.channel])
+    return weights, rows
+
+
+def _tiles_from(weights_data: Any, rows: Any, where: str) -> tuple[PlannedTile, ...]:
+    if not isinstance(weights_data, list) or not isinstance(rows, list):
+        raise ModelFormatError(f"{where}: weights and tiles must be lists")
+    weights = [from_json(_Weight, w, f"{where}: weights[{i}]") for i, w in enumerate(weights_data)]
+    formats = []
+    for i, w in enumerate(weights):
+        try:
+            formats.append(WeightFormat.from_attrs(w.format))
+        except (KeyError, TypeError, ValueError, AviatorError) as error:
+            raise ModelFormatError(f"{where}: weights[{i}].format: {error}") from None
+    tiles = []
+    for i, row in enumerate(rows):
+        if (not isinstance(row, list) or len(row) != _TILE_ROW
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in row)):
+            raise ModelFormatError(f"{where}: tiles[{i}] must be {_TILE_ROW} integers")
+        w, k0, k1, n0, n1, nbytes, compute, chiplet, channel = row
+        if not 0 <= w < len(weights):
+            raise ModelFormatError(f"{where}: tiles[{i}] names weight {w} of {len(weights)}")
+        if not (0 <= k0 < k1 and 0 <= n0 < n1 and nbytes >= 0 and compute >= 0):
+            raise ModelFormatError(f"{where}: tiles[{i}] has an empty range or a negative size")
+        if (chiplet < 0) == (channel < 0):
+            raise ModelFormatError(f"{where}: tiles[{i}] must be resident on a chiplet or streamed from a channel")
+        spec = weights[w]
+        tiles.append(PlannedTile(spec.name, spec.layer, spec.role, (k0, k1), (n0, n1), formats[w], nbytes, compute,
+                                 spec.nodes, None if chiplet < 0 else chiplet, None if channel < 0 else channel))
+    return tuple(tiles)

@@ -24,6 +24,9 @@ of `group_size` run along Ks, and a ragged last group is padded to Kp = G * grou
 zeros (SmolLM2's K = 576 with groups of 128). Under 2:4 a group of g kept values therefore
 covers 2g rows of the dense weight.
 
+Asymmetric int4 with an fp16 offset (`WeightFormat.zero == "fp16"`, the data-free default:
+`offset_params`) stores the offset in the zero slot as fp16 [G, N], and w = code * scale + offset.
+
 Grids: int8 is symmetric, codes -127..127, scale = amax / 127, per output channel or (with a
 group size) per group along K, as int4's groups (the group-wise form keeps one outlier row from
 setting the scale of every row of its column). int4 is
@@ -212,6 +215,45 @@ def quant_params(
     return best_scale, best_zero  # type: ignore[return-value]
 
 
+def offset_params(values_KN: np.ndarray, fmt: WeightFormat, *, refits: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """Scale and fp16 offset per (group, column) of asymmetric int4 with an fp16 offset, chosen to
+    minimise the squared error of each group without data (float32 [G, N] each, fp16-exact).
+
+    Starts from the group's range (scale (max - min) / 15, offset min: llama.cpp's Q4_1, which
+    holds a Q4_1 weight exactly), then `refits` times: the codes of the current scale and offset,
+    and the least-squares line through (code, weight) as the next scale and offset, kept per
+    group only where it lowers the error (HQQ's alternating fit, in closed form for squared
+    error). Measured on SmolLM2-135M (tools/bench_int4_default.py, BENCHMARKS.md)."""
+    g = fmt.group_size
+    q = grid(fmt)
+    groups = math.ceil(values_KN.shape[0] / g)
+    x = _pad_rows(values_KN.astype(np.float64), groups * g).reshape(groups, g, -1)
+    lo, hi = x.min(axis=1), x.max(axis=1)
+
+    def fp16(a: np.ndarray) -> np.ndarray:
+        return a.astype(np.float16).astype(np.float64)
+
+    def fit(scale: np.ndarray, offset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        codes = np.clip(np.round((x - offset[:, None, :]) / scale[:, None, :]), q.lo, q.hi)
+        return codes, ((codes * scale[:, None, :] + offset[:, None, :] - x) ** 2).sum(axis=1)
+
+    scale = fp16(np.where(hi > lo, np.maximum((hi - lo) / q.hi, FP16_TINY), 1.0))
+    offset = fp16(lo)
+    codes, err = fit(scale, offset)
+    for _ in range(refits):
+        mean_code, mean_x = codes.mean(axis=1), x.mean(axis=1)
+        dc = codes - mean_code[:, None, :]
+        var = (dc**2).sum(axis=1)
+        slope = (dc * (x - mean_x[:, None, :])).sum(axis=1) / np.where(var > 0, var, 1.0)
+        new_scale = fp16(np.where((var > 0) & (slope > FP16_TINY), slope, scale))
+        new_offset = fp16(mean_x - new_scale * mean_code)
+        new_codes, new_err = fit(new_scale, new_offset)
+        better = new_err < err
+        scale, offset, err = np.where(better, new_scale, scale), np.where(better, new_offset, offset), np.minimum(err, new_err)
+        codes = np.where(better[:, None, :], new_codes, codes)
+    return scale.astype(np.float32), offset.astype(np.float32)
+
+
 def _params_for_range(lo: np.ndarray, hi: np.ndarray, fmt: WeightFormat) -> tuple[np.ndarray, np.ndarray]:
     q = grid(fmt)
     if q.pow2:
@@ -279,10 +321,15 @@ def pack_weight(
     g = group_rows(fmt, k)
     groups = math.ceil(ks / g)
     if scale is None:
-        scale, zero = quant_params(w, fmt, clip_search=clip_search)
+        scale, zero = offset_params(w, fmt) if fmt.float_zero else quant_params(w, fmt, clip_search=clip_search)
     assert zero is not None
     w_pad = _pad_rows(w, groups * g)
-    codes = quantize_codes(w_pad, expand_groups(scale, groups * g, g), expand_groups(zero, groups * g, g), fmt)
+    if fmt.float_zero:  # zero holds the offset: code = round((w - offset) / scale)
+        q = grid(fmt)
+        codes = np.clip(np.round((w_pad - expand_groups(zero, groups * g, g)) / expand_groups(scale, groups * g, g)),
+                        q.lo, q.hi)
+    else:
+        codes = quantize_codes(w_pad, expand_groups(scale, groups * g, g), expand_groups(zero, groups * g, g), fmt)
     codes = codes.astype(np.int16)
     arrays: tuple[np.ndarray | None, ...]
     if fmt.kind == "int8" and not fmt.grouped:
@@ -290,7 +337,8 @@ def pack_weight(
     elif fmt.kind == "int8":  # group-wise: codes padded to Kp rows, as mxint8's
         arrays = (codes.astype(np.int8), scale.astype(np.float16), None, indices)
     elif fmt.kind == "int4":
-        zeros = None if fmt.symmetric else pack_bits_k(zero.astype(np.uint8), 4)
+        zeros = (zero.astype(np.float16) if fmt.float_zero else None if fmt.symmetric
+                 else pack_bits_k(zero.astype(np.uint8), 4))
         arrays = (pack_nibbles_k(codes), scale.astype(np.float16), zeros, indices)
     else:  # mx: exponents biased by 127
         exponents = (np.round(np.log2(scale)) + 127).astype(np.uint8)

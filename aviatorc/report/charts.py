@@ -187,9 +187,24 @@ def sweep_chart(entries: list[Mapping[str, Any]], axis: str) -> Any:
     fig.scatter("x", "bound", source=source, size=6, fill_color="#7f7f7f", line_color="#7f7f7f")
     fig.add_tools(HoverTool(tooltips=[(axis, "@x"), ("predicted", "@ms{0.000} ms"), ("bound", "@bound{0.000} ms"),
                                       ("tokens/s", "@tps{0,0}"), ("KV cache in", "@kv")]))
+    # Ticks at the sweep's own points, in a short form ("32K"): the log axis's own labels for
+    # contexts such as 131072 ran into each other.
+    xs = sorted({int(e[axis]) for e in fits})
+    if xs:
+        fig.xaxis.ticker = FixedTicker(ticks=xs)
+        fig.xaxis.major_label_overrides = {x: short_count(x) for x in xs}
+        fig.xaxis.major_label_orientation = 0.7 if len(xs) > 8 else 0
     fig.legend.location = "top_left"
     _style(fig)
     return fig
+
+
+def short_count(n: int) -> str:
+    """131072 -> "128K", 2048 -> "2K", 1000 -> "1000", 3 -> "3": a tick label that stays short."""
+    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
 
 
 def _entry(label: str, renderer: Any, **fields: Any) -> Any:

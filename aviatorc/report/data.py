@@ -2,7 +2,7 @@
 
     data = report_data(ReportSources.from_artifact(aviatorc.load("build/model.avc")))
 
-Sections, each a key of the result (the HTML page, the terminal summary and `--format json` all
+Sections, each a key of the result (the HTML page, the terminal summary and `--format data` all
 read this one dict):
 - `placement`: one cell per (layer, chiplet) holding tiles: SRAM bytes resident there, tiles
   streamed through it, and the largest weights in it (the heatmap's hover text). Cells, not
@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from aviatorc.partition.feasibility import human_bytes
+from aviatorc.plan.plan import Plan
+from aviatorc.plan.records import to_json
 
 DATA_FORMAT = "aviatorc-report-data"
 DATA_VERSION = 1
@@ -46,7 +48,7 @@ DETAIL_WEIGHTS = 4  # weights named in a heatmap cell's hover text
 class ReportSources:
     """The artifact files a report reads, parsed: plan.json, report.json, trace.json, target.toml."""
 
-    plan: Mapping[str, Any]
+    plan: Plan
     report: Mapping[str, Any]
     trace: Mapping[str, Any] | None
     target_toml: str
@@ -63,17 +65,18 @@ class ReportSources:
     def from_files(cls, files: Mapping[str, bytes]) -> ReportSources:
         """From an artifact's files by name, before they are written (the compile's own report.html)."""
         trace = json.loads(files["trace.json"]) if "trace.json" in files else None
-        return cls(json.loads(files["plan.json"]), json.loads(files["report.json"]), trace,
+        return cls(Plan.from_dict(json.loads(files["plan.json"])), json.loads(files["report.json"]), trace,
                    files["target.toml"].decode(), "weights.safetensors" not in files)
 
 
 def report_data(sources: ReportSources) -> dict[str, Any]:
     """Every section of the report, as JSON-ready data."""
     plan, report = sources.plan, sources.report
+    prediction = to_json(plan.prediction)
     target = tomllib.loads(sources.target_toml)
     model = dict(report.get("model", {}))
     versions = {"aviatorc": _version("aviatorc"), "report_data": DATA_VERSION, "report_json": report.get("report_version"),
-                "plan_schema": plan.get("schema_version"), "target_schema": target.get("schema_version")}
+                "plan_schema": plan.to_dict()["schema_version"], "target_schema": target.get("schema_version")}
     versions |= {k: v for k, v in report.get("versions", {}).items() if isinstance(v, (str, int))}
     spans = trace_spans(sources.trace)
     makespan_us = max((end for _, _, _, _, end in spans), default=0.0)
@@ -83,20 +86,20 @@ def report_data(sources: ReportSources) -> dict[str, Any]:
         "model": {"name": model.get("name", "?"), "source": report.get("source", "?"), "nodes": model.get("nodes"),
                   "parameters": model.get("parameters"), "shape_only": sources.shape_only},
         "target": target_summary(target, sources.target_toml),
-        "workload": dict(plan.get("workload", {})),
+        "workload": plan.workload.to_dict(),
         "options": dict(sorted(report.get("options", {}).items())),
         "versions": dict(sorted(versions.items())),
         "passes": [{"name": p["name"], "changed": p["changed"], "nodes_before": p.get("nodes_before"),
                     "nodes_after": p.get("nodes_after")} for p in report.get("passes", [])],
         "weights": dict(report.get("weights", {})),
         "placement": placement_cells(plan, report.get("placement", {}), target),
-        "sram": sram_series(sources.trace, plan.get("chiplets", []), makespan_us),
+        "sram": sram_series(sources.trace, list(plan.chiplets), makespan_us),
         "timeline": timeline(spans, makespan_us),
         "accuracy": accuracy_section(report.get("accuracy")),
-        "prediction": prediction_rows(plan.get("prediction", {})),
-        "sweeps": sweeps(plan.get("prediction", {}).get("sweep", []), plan.get("workload", {})),
-        "memory": dict(plan.get("memory", {})),
-        "notes": list(plan.get("notes", [])) + list(report.get("placement", {}).get("warnings", [])),
+        "prediction": prediction_rows(prediction),
+        "sweeps": sweeps(prediction.get("sweep", []), plan.workload.to_dict()),
+        "memory": to_json(plan.memory),
+        "notes": list(plan.notes) + list(report.get("placement", {}).get("warnings", [])),
     }
 
 
@@ -119,7 +122,7 @@ def target_summary(target: Mapping[str, Any], text: str) -> dict[str, Any]:
     return {"name": target.get("name", "?"), "description": target.get("description", ""),
             "cards": int(server.get("cards", 1)), "chiplets_per_card": per_card,
             "sram_bytes_per_chiplet": chiplet.get("sram_bytes"), "lpddr_bytes_per_s": card.get("lpddr_bytes_per_s"),
-            "assumed": list(target.get("assumed", [])), "toml": text}
+            "assumed": sorted(target.get("assumed", {})), "toml": text}
 
 
 def layer_labels(roles: Mapping[int, set[str]]) -> dict[int, str]:
@@ -135,23 +138,23 @@ def layer_labels(roles: Mapping[int, set[str]]) -> dict[int, str]:
     return labels
 
 
-def placement_cells(plan: Mapping[str, Any], placement: Mapping[str, Any], target: Mapping[str, Any]) -> dict[str, Any]:
+def placement_cells(plan: Plan, placement: Mapping[str, Any], target: Mapping[str, Any]) -> dict[str, Any]:
     """The heatmap: one cell per (layer, chiplet) with tiles, plus per-chiplet totals."""
     roles: dict[int, set[str]] = defaultdict(set)
     cells: dict[tuple[int, int], dict[str, Any]] = {}
     weights: dict[tuple[int, int], dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
-    for tile in plan.get("tiles", []):
-        layer = int(tile["layer"])
-        roles[layer].add(tile["role"])
-        resident = "resident_chiplet" in tile
-        chiplet = int(tile["resident_chiplet"] if resident else tile["compute_chiplet"])
+    for tile in plan.tiles:
+        layer = tile.layer
+        roles[layer].add(tile.role)
+        resident = tile.chiplet is not None
+        chiplet = tile.chiplet if tile.chiplet is not None else tile.compute_chiplet
         cell = cells.setdefault((layer, chiplet), {"layer": layer, "chiplet": chiplet, "resident_bytes": 0,
                                                    "streamed_bytes": 0, "resident_tiles": 0, "streamed_tiles": 0})
-        cell["resident_bytes" if resident else "streamed_bytes"] += int(tile["bytes"])
+        cell["resident_bytes" if resident else "streamed_bytes"] += tile.bytes
         cell["resident_tiles" if resident else "streamed_tiles"] += 1
-        entry = weights[(layer, chiplet)][tile["weight"]]
+        entry = weights[(layer, chiplet)][tile.weight]
         entry[0] += 1
-        entry[1] += int(tile["bytes"])
+        entry[1] += tile.bytes
     labels = layer_labels(roles)
     out = []
     for key in sorted(cells):
@@ -165,11 +168,11 @@ def placement_cells(plan: Mapping[str, Any], placement: Mapping[str, Any], targe
     chiplets = [{"chiplet": int(c["chiplet"]), "bytes": int(c["bytes"]), "reserve_bytes": int(c.get("reserve_bytes", 0)),
                  "sram_bytes": int(c.get("sram_bytes", sram or 0)), "utilization": c.get("utilization")}
                 for c in placement.get("chiplets", [])]
-    peak = plan.get("prediction", {}).get("sram_peak_bytes", {})
+    peak = plan.prediction.sram_peak_bytes
     for c in chiplets:
-        c["peak_bytes"] = int(peak.get(str(c["chiplet"]), peak.get(c["chiplet"], 0)))
-    return {"layers": [labels[layer] for layer in sorted(labels)], "chiplets": list(plan.get("chiplets", [])),
-            "cells": out, "tiles": len(plan.get("tiles", [])), "chiplet_totals": chiplets,
+        c["peak_bytes"] = int(peak.get(c["chiplet"], 0))
+    return {"layers": [labels[layer] for layer in sorted(labels)], "chiplets": list(plan.chiplets),
+            "cells": out, "tiles": len(plan.tiles), "chiplet_totals": chiplets,
             "status": placement.get("status"), "gap_to_bound": placement.get("gap_to_bound"),
             "resident_bytes": placement.get("resident_bytes"), "streamed_bytes": placement.get("streamed_bytes"),
             "cut_bytes_per_step": dict(placement.get("cut_bytes_per_step", {}))}
@@ -297,12 +300,37 @@ PREDICTIONS = (  # (label, predicted key, bound key)
 def prediction_rows(prediction: Mapping[str, Any]) -> dict[str, Any]:
     bound = prediction.get("bound", {})
     rows = [{"what": label, "predicted_s": prediction[key], "bound_s": bound[bound_key],
-             "ratio": prediction[key] / bound[bound_key] if bound[bound_key] else None}
+             "ratio": prediction[key] / bound[bound_key] if bound[bound_key] else None,
+             "binding": binding_term(bound, bound_key)}
             for label, key, bound_key in PREDICTIONS if key in prediction and bound_key in bound]
     return {"rows": rows, "efficiency": prediction.get("efficiency"), "ttft_efficiency": prediction.get("ttft_efficiency"),
             "tokens_per_s": prediction.get("tokens_per_s"),
             "cold_start_naive_order_s": prediction.get("cold_start_naive_order_s"),
-            "bound_terms": {k: bound[k] for k in ("token_lpddr_s", "token_sram_s", "token_compute_s") if k in bound}}
+            "bound_terms": dict(bound.get("token_terms", {})), "ttft_bound_terms": dict(bound.get("ttft_terms", {})),
+            "ranges": {key: {k: r[k] for k in ("nominal", "low", "high")} for key, r in prediction.get("ranges", {}).items()}}
+
+
+def binding_term(bound: Mapping[str, Any], figure: str) -> dict[str, Any] | None:
+    """The largest term of a bounded figure ("token_s" or "ttft_s": the bound's `token_terms` or
+    `ttft_terms`, whatever terms it holds), as {"term": "lpddr", "seconds": ..., "share": its share
+    of the figure's bound}; None when the bound keeps no terms for that figure (the cold start)."""
+    terms = bound.get(figure.removesuffix("_s") + "_terms")
+    if not isinstance(terms, Mapping) or not terms:
+        return None
+    term, value = max(sorted(terms.items()), key=lambda kv: kv[1])  # sorted first: ties name the same term every run
+    total = bound.get(figure)
+    return {"term": str(term), "seconds": float(value), "share": value / total if total else None}
+
+
+def binding_text(binding: Mapping[str, Any] | None) -> str:
+    """"set by lpddr (1.234 ms)", or "" without a term."""
+    return f"set by {binding['term']} ({seconds(binding['seconds'])})" if binding else ""
+
+
+def sweep_reason(entry: Mapping[str, Any]) -> str:
+    """Why a sweep point has no figures: "does not fit: <the reason the schedule gave>"."""
+    reason = entry.get("reason")
+    return f"does not fit: {reason}" if reason else "does not fit"
 
 
 def sweeps(entries: list[Mapping[str, Any]], workload: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:

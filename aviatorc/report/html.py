@@ -15,7 +15,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from aviatorc.report.data import human_bytes, seconds
+from aviatorc.report.data import binding_text, human_bytes, seconds
+from aviatorc.report.text import ACCURACY_HOW
 
 SECTIONS = (  # (id, heading): the page's sections, in order; the browser test checks each one
     ("summary", "Summary"),
@@ -39,11 +40,11 @@ def render_html(data: Mapping[str, Any]) -> str:
     env = jinja2.Environment(loader=jinja2.PackageLoader("aviatorc.report", "templates"),
                              autoescape=jinja2.select_autoescape(default=True), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True)
-    env.filters.update(bytes=_bytes, seconds=seconds, number=_number, percent=_percent)
+    env.filters.update(bytes=_bytes, seconds=seconds, number=_number, percent=_percent, binding=binding_text)
     # Only Bokeh's core bundle: no widgets, tables, WebGL or MathJax (each a megabyte or more).
     bokeh_js = Resources(mode="inline", components=["bokeh"]).render_js()
     return env.get_template("report.html.j2").render(
-        data=data, sections=SECTIONS, charts={name for name, _ in charts}, bokeh_js=bokeh_js,
+        data=data, sections=SECTIONS, charts={name for name, _ in charts}, bokeh_js=bokeh_js, accuracy_how=ACCURACY_HOW,
         bokeh_version=bokeh_version, charts_json=_script_json(_document(charts)) if charts else "null")
 
 

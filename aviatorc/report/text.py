@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from aviatorc.report.data import human_bytes, seconds
+from aviatorc.report.data import binding_text, human_bytes, seconds, sweep_reason
 
 
 def render_text(data: Mapping[str, Any], *, html_path: str | None = None) -> list[Any]:
@@ -19,11 +19,11 @@ def render_text(data: Mapping[str, Any], *, html_path: str | None = None) -> lis
                       f"{len(placement['chiplets'])} chiplets, placement {placement['status']}"
                       + (", shape-only" if model["shape_only"] else "")]
     latency = Table(title="predicted against the physical bound")
-    for column in ("figure", "predicted", "bound", "predicted / bound"):
-        latency.add_column(column, justify="left" if column == "figure" else "right")
+    for column in ("figure", "predicted", "bound", "predicted / bound", "the bound's largest term"):
+        latency.add_column(column, justify="right" if column in ("predicted", "bound", "predicted / bound") else "left")
     for row in data["prediction"]["rows"]:
         latency.add_row(row["what"], seconds(row["predicted_s"]), seconds(row["bound_s"]),
-                        f"{row['ratio']:.2f}" if row["ratio"] else "-")
+                        f"{row['ratio']:.2f}" if row["ratio"] else "-", binding_text(row.get("binding")) or "-")
     out.append(latency)
 
     sram = Table(title="SRAM per chiplet")
@@ -46,7 +46,7 @@ def render_text(data: Mapping[str, Any], *, html_path: str | None = None) -> lis
         if worst:
             out.append("  worst layers: " + ", ".join(f"{e['node']} {e['sqnr_db']} dB" for e in worst))
     else:
-        out.append("accuracy: not measured (needs quantization or sparsity, and calibration data)")
+        out.append(f"accuracy: not measured; {ACCURACY_HOW}")
 
     sweeps = Table(title="sweeps: time per token")
     for column in ("batch", "context", "predicted", "bound", "tokens/s"):
@@ -61,11 +61,16 @@ def render_text(data: Mapping[str, Any], *, html_path: str | None = None) -> lis
             sweeps.add_row(str(e["batch"]), str(e["context"]), seconds(e["time_per_token_s"]), seconds(e["bound_s"]),
                            f"{e['tokens_per_s']:,.1f}")
         else:
-            sweeps.add_row(str(e["batch"]), str(e["context"]), "does not fit", "", "")
+            sweeps.add_row(str(e["batch"]), str(e["context"]), sweep_reason(e), "", "")
     out.append(sweeps)
     if html_path:
         out.append(f"the HTML report (placement heatmap, SRAM over time, timeline): {html_path}")
     return out
+
+
+# What a compile needs for accuracy figures: the same sentence in the terminal and on the page.
+ACCURACY_HOW = ("compile with --quant (or --sparsity) and --calibration FILE.npz, or a decoder with --calibration-text "
+                "FILE.txt: the figures are measured on held-out batches against the unquantized model")
 
 
 def fold_chiplets(totals: list[Mapping[str, Any]]) -> list[tuple[int, int, Mapping[str, Any]]]:

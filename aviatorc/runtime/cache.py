@@ -106,7 +106,12 @@ def static_reason(graph: Graph) -> str:
     ids = next((v for v in graph.inputs if v.name == "input_ids"), None)
     if ids is None:
         return "the graph has no input_ids input"
+    if not any("logits" in v.name for v in graph.outputs):
+        outputs = ", ".join(f"'{v.name}'" for v in graph.outputs)
+        return (f"it is an encoder (its output{'s are' if len(graph.outputs) > 1 else ' is'} {outputs}, not "
+                "next-token logits): an encoder such as BERT reads a whole input at once and predicts no next "
+                "token, so it cannot generate; run() computes its outputs")
     if ids.type.rank >= 2 and isinstance(ids.type.shape[1], int):
         return (f"it was exported with a static sequence length ({ids.type.shape[1]}): the length is baked into "
-                "its rotary tables and causal mask, and it has no KV cache inputs")
+                "its positions and causal mask, and it has no KV cache inputs")
     return "it has no KV cache inputs (past_key_values.N.key / present.N.key, or past_key_N / present_key_N)"

@@ -42,18 +42,16 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from aviatorc.backends.contract import DEVICES, Backend, Precedence, WeightStore, backend_class, open_cluster
 from aviatorc.errors import OptionError
 from aviatorc.ir import Graph
 from aviatorc.ir.types import format_shape, numpy_dtype
 from aviatorc.plan.artifact import Artifact, load
 from aviatorc.runtime.cache import CacheLayout, find_cache, static_reason
 from aviatorc.runtime.errors import NotRunnableError, RuntimeInputError
-from aviatorc.runtime.precedence import Precedence
 from aviatorc.runtime.sampling import check_sampling, sample
-from aviatorc.runtime.weights import WeightStore
 from aviatorc.target import Target, load_target
 
-DEVICES = ("sim", "cuda")
 RUN_PHASE = "prefill"  # a run processes the graph's whole prompt: the prefill program
 
 
@@ -115,20 +113,16 @@ class Session:
         self.target: Target = load_target(self.artifact.path / "target.toml")
         self.program = self.artifact.programs[RUN_PHASE]
         self.weights = WeightStore(self.artifact, self.graph)
-        from aviatorc.backends import backend_class
-
         backend = backend_class(device)  # CudaBackend refuses to build without a GPU (NotRunnableError)
         # Every program's backend now: one whose held buffers overflow the SRAM is refused here.
-        self._backends: dict[str, Any] = {
+        self._backends: dict[str, Backend] = {
             phase: backend(program, self.graph, self.weights, sram_bytes=self.target.chiplet.sram_bytes, replay=replay)
             for phase, program in sorted(self.artifact.programs.items())}
         self.precedence = Precedence()  # `with session.precedence.first():` pauses this session's other steps
         for phase_backend in self._backends.values():
             phase_backend.precedence = self.precedence
         if world > 1:  # one rank per card: this process drives, the others run their cards' streams
-            from aviatorc.runtime.distributed import Cluster
-
-            self._cluster = Cluster(self.artifact, self.graph, self.target, self.weights, world, timeout_s=timeout_s)
+            self._cluster = open_cluster(self.artifact, self.graph, self.target, self.weights, world, timeout_s=timeout_s)
             self._backends = {phase: self._cluster.backend(phase) for phase in self._backends}
         self._backend = self._backends[RUN_PHASE]
         self._predicted: dict[str, float] | None = None
@@ -265,29 +259,46 @@ class Session:
             sequence.cache[pair.past] = np.take(sequence.cache[pair.past], range(length), axis=pair.axis)
         sequence.length = length
 
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The model's end-of-sequence ids, as its source named them (a GGUF file's or a Hugging Face
+        config's; kept in the graph's metadata); () when the source did not say (an ONNX file)."""
+        text = self.graph.metadata.get("eos_token_id", "")
+        return tuple(int(t) for t in text.split(",") if t.strip())
+
     def generate(self, input_ids: Any, max_new_tokens: int, *, eos_token_id: int | Sequence[int] | None = None,
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None) -> np.ndarray:
         """The prompt followed by up to `max_new_tokens` generated ids (1-D), as `transformers`'
-        `generate` returns them; stops after an `eos_token_id`. Greedy at temperature 0."""
+        `generate` returns them; stops after an end-of-sequence id: `eos_token_id`, or by default the
+        model's own (`eos_token_ids`, as `aviatorc generate` does); `eos_token_id=()` never stops early.
+        Greedy at temperature 0. `stats.extra` then holds `ttft_s` (the prompt's step, to the first
+        token) and `decode_s` (the steps after it), wall clock on this machine."""
         check_sampling(temperature, top_p)
         if max_new_tokens < 0:
             raise OptionError(f"max_new_tokens must be >= 0, not {max_new_tokens}")
         prompt = self._prompt(input_ids)
-        stops = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
+        if eos_token_id is None:
+            eos_token_id = self.eos_token_ids
+        stops = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
         rng = np.random.default_rng(seed)
         sequence = _Sequence(self._empty_cache(), 0)
         generated: list[int] = []
         started = time.perf_counter()
+        first = started
         if max_new_tokens:
             logits = self._step(sequence, prompt, "prefill")
             while True:
                 token = sample(logits, temperature=temperature, top_p=top_p, rng=rng)
                 generated.append(token)
+                if len(generated) == 1:
+                    first = time.perf_counter()
                 if token in stops or len(generated) == max_new_tokens:
                     break
                 logits = self._step(sequence, np.array([[token]], dtype=np.int64), "decode")
         if self.stats is not None:
-            self.stats.extra.update(generated_tokens=len(generated), generate_wall_s=time.perf_counter() - started)
+            ended = time.perf_counter()
+            self.stats.extra.update(generated_tokens=len(generated), generate_wall_s=ended - started,
+                                    ttft_s=first - started, decode_s=ended - first)
         return np.concatenate([prompt[0], np.array(generated, dtype=np.int64)])
 
     def _require_cache(self) -> CacheLayout:

@@ -3,11 +3,12 @@
     memory = plan_memory(model_facts(graph, tiles), tiles, target, workload, chiplets=allowed)
     placement = partition(weights, target, reserve_bytes=memory.reserve_bytes, chiplets=allowed)
     plan = schedule(graph, placement, weights, target, workload, memory)
-    plan.prediction["decode"]["time_per_token_s"], plan.prediction["efficiency"]
+    plan.prediction.time_per_token_s, plan.prediction.efficiency, plan.prediction.ranges
 
 Stages: the model's facts (`model.py`), SRAM sizing before partitioning (`memory.py`), one
 program per phase (`build.py`), its discrete-event simulation (`simulate.py`), the cold start
-(`cold.py`) and the bound (`bound.py`), computed apart from the simulation.
+(`cold.py`), the bound (`bound.py`, computed apart from the simulation) and the ranges the
+target's assumed figures span (`ranges.py`).
 """
 
 from __future__ import annotations
@@ -20,32 +21,38 @@ from aviatorc.errors import InfeasibleError
 from aviatorc.ir import Graph
 from aviatorc.partition.placement import Placement
 from aviatorc.partition.tiling import WeightSpec
-from aviatorc.plan.ir import Program, Workload
-from aviatorc.plan.plan import Plan
+from aviatorc.plan.ir import Compute, Program, Workload
+from aviatorc.plan.plan import BoundFigures, PhaseFigures, Plan, PlannedTile, Prediction, SweepPoint
 from aviatorc.progress import stage
-from aviatorc.schedule.bound import Bound, physical_bound
+from aviatorc.schedule.bound import BoundInputs, physical_bound
 from aviatorc.schedule.build import build_program
 from aviatorc.schedule.cold import cold_start
-from aviatorc.schedule.memory import MemoryPlan, plan_memory
+from aviatorc.schedule.memory import MemoryPlan, kv_beside_weights, plan_memory
 from aviatorc.schedule.model import ModelFacts, model_facts
+from aviatorc.schedule.ranges import figure_ranges
 from aviatorc.schedule.simulate import SimulationError, Timeline, simulate
+from aviatorc.schedule.trace import chrome_trace
 from aviatorc.target import Target
 
-__all__ = ["MemoryPlan", "ModelFacts", "Plan", "SimulationError", "Timeline", "Workload", "model_facts",
-           "plan_memory", "schedule", "simulate"]
+__all__ = ["MemoryPlan", "ModelFacts", "Plan", "SimulationError", "Timeline", "Workload", "bound_inputs",
+           "model_facts", "plan_memory", "planned_tiles", "schedule", "simulate"]
 
 _logger = logging.getLogger("aviatorc.schedule")
 
 SWEEP_BATCHES = (1, 4, 16, 64)
 SWEEP_CONTEXTS = (512, 2048, 8192, 32768)
+NOTES = ("costs modelled: matrix units per format, vector units, SRAM, LPDDR channels, links with their "
+         "message overheads, the per-layer latency, KV writes, the host's per-token round trip",
+         "a prefill runs in chunks, each streaming the weights again: TTFT is chunks x one chunk's time")
 
 
 def schedule(graph: Graph, placement: Placement, weights: Sequence[WeightSpec], target: Target, workload: Workload,
              memory: MemoryPlan, *, facts: ModelFacts | None = None, chiplets: Sequence[int] | None = None,
-             prefetch: bool = True, sweep: bool = True, target_sha256: str = "") -> Plan:
+             prefetch: bool = True, sweep: bool = True, ranges: bool = True, target_sha256: str = "") -> Plan:
     """Build the decode and prefill programs, simulate them, and judge them against the bound."""
     facts = facts or model_facts(graph, placement.tiles)
     allowed = tuple(sorted(chiplets if chiplets is not None else range(target.num_chiplets)))
+    memory = kv_beside_weights(memory, placement, facts, target)
     programs = {phase: build_program(facts, placement, target, memory, workload, phase, chiplets=allowed,
                                      prefetch=prefetch) for phase in ("decode", "prefill")}
     with stage(_logger, "simulating decode and prefill"):
@@ -53,56 +60,76 @@ def schedule(graph: Graph, placement: Placement, weights: Sequence[WeightSpec], 
         prefill = simulate(programs["prefill"], target, record=False)
     chunks = math.ceil(workload.tokens("prefill") / memory.prefill_chunk_tokens)
     ttft = prefill.makespan_s * chunks
-    bound = _bound(weights, target, workload, memory, facts, allowed)
-    cold = cold_start(placement, target, ttft, _flops_by_layer(programs["prefill"], facts))
-    prediction = {
-        "decode": _phase_figures(decode, workload.batch),
-        "prefill": {"chunk_s": prefill.makespan_s, "chunks": chunks, "chunk_tokens": memory.prefill_chunk_tokens,
-                    **prefill.summary()},
-        "ttft_s": ttft,
-        "time_per_token_s": decode.makespan_s,
-        "tokens_per_s": workload.batch / decode.makespan_s if decode.makespan_s else 0.0,
-        "cold_start_s": cold.first_token_s,
-        "cold_start_naive_order_s": cold.naive_first_token_s,
-        "bound": bound.to_dict(),
-        "efficiency": bound.token_s / decode.makespan_s if decode.makespan_s else 0.0,
-        "ttft_efficiency": bound.ttft_s / ttft if ttft else 0.0,
-        "sram_peak_bytes": {str(c): b for c, b in sorted(decode.peak_sram_bytes().items())},
-    }
-    if sweep:
-        prediction["sweep"] = _sweep(facts, placement, weights, target, workload, memory, allowed, prefetch)
-    notes = ["costs modelled: matrix units per format, SRAM and LPDDR bandwidth, links, per-layer latency; "
-             "vector ops (norms, elementwise) are folded into the per-layer latency",
-             "KV writes of the new tokens and prefill's KV write-back to LPDDR are not charged"]
+    inputs = bound_inputs(facts, weights, target, memory)
+    bound = physical_bound(weights, target, workload, inputs, chiplets=allowed)
+    flops = _flops_by_layer(programs["prefill"], facts)
+    cold = cold_start(placement, target, ttft, flops)
+    spans = {}
+    if ranges and target.assumed:
+        with stage(_logger, f"timing the plan over the target's {len(target.assumed)} assumed figures"):
+            spans = figure_ranges(programs, placement, target, chunks, flops)
+    prediction = Prediction(
+        time_per_token_s=decode.makespan_s,
+        tokens_per_s=workload.batch / decode.makespan_s if decode.makespan_s else 0.0,
+        ttft_s=ttft,
+        cold_start_s=cold.first_token_s,
+        cold_start_naive_order_s=cold.naive_first_token_s,
+        decode=_phase_figures(decode, workload.batch),
+        prefill=_phase_figures(prefill, memory.prefill_chunk_tokens, chunks=chunks,
+                               chunk_tokens=memory.prefill_chunk_tokens),
+        bound=bound,
+        efficiency=bound.token_s / decode.makespan_s if decode.makespan_s else 0.0,
+        ttft_efficiency=bound.ttft_s / ttft if ttft else 0.0,
+        sram_peak_bytes=dict(sorted(decode.peak_sram_bytes().items())),
+        ranges=spans,
+        sweep=_sweep(facts, placement, weights, target, workload, memory, allowed, prefetch) if sweep else (),
+    )
+    notes = list(NOTES)
     if not facts.kv_width:
         notes.append("no k/v projections recognized: the KV cache is not modelled")
-    return Plan(target.name, target_sha256, placement, workload, allowed, programs, memory.describe(), prediction,
-                cold.to_dict(), prefetch, notes, decode, target)
+    return Plan(target.name, target_sha256, workload, allowed, planned_tiles(placement), programs, memory.describe(),
+                prediction, cold, prefetch, tuple(notes), target=target, trace=chrome_trace(decode))
 
 
-def _phase_figures(timeline: Timeline, batch: int) -> dict[str, float]:
-    return {"step_s": timeline.makespan_s, "tokens_per_s": batch / timeline.makespan_s if timeline.makespan_s else 0.0,
-            **timeline.summary()}
+def planned_tiles(placement: Placement) -> tuple[PlannedTile, ...]:
+    """The placement's tiles as the plan records them."""
+    num_c = placement.num_chiplets
+    return tuple(PlannedTile(tile.weight, tile.layer, tile.role, (tile.k_start, tile.k_stop), (tile.n_start, tile.n_stop),
+                             tile.format, tile.storage_bytes, placement.compute_chiplet[t], tuple(tile.nodes),
+                             chiplet=w if w < num_c else None, channel=w - num_c if w >= num_c else None)
+                 for t, (tile, w) in enumerate(zip(placement.tiles, placement.where, strict=True)))
 
 
-def _bound(weights: Sequence[WeightSpec], target: Target, workload: Workload, memory: MemoryPlan, facts: ModelFacts,
-           allowed: Sequence[int]) -> Bound:
+def bound_inputs(facts: ModelFacts, weights: Sequence[WeightSpec], target: Target, memory: MemoryPlan) -> BoundInputs:
+    """What the bound reads off the model, from the same facts the scheduler reads."""
+    abpe = target.activation_bytes_per_element
     q_total = sum(facts.q_width.get(layer, facts.kv_width.get(layer, 0)) for layer in facts.attention.values())
-    return physical_bound(weights, target, workload, kv_bytes=memory.kv.total_bytes, q_width_total=q_total,
-                          chiplets=allowed)
+    hidden = max((w.n for w in weights if w.is_embedding), default=0)
+    first_output = facts.output_order[0] if facts.output_order else ""
+    return BoundInputs(kv_bytes=memory.kv.total_bytes, q_width_total=q_total, layers=len(set(facts.attention.values())),
+                       attention_kind="int8" if memory.kv.dtype == "int8" else "fp16",
+                       vector_bytes_per_token=facts.vector_elements_per_token() * abpe,
+                       handoff_bytes_per_token=hidden * abpe,
+                       output_bytes_per_token=facts.elements_per_token(first_output) * abpe if first_output else 0.0)
+
+
+def _phase_figures(timeline: Timeline, tokens: int, *, chunks: int = 1, chunk_tokens: int = 0) -> PhaseFigures:
+    step = timeline.makespan_s
+    return PhaseFigures(step, tokens / step if step else 0.0, timeline.busy_fraction_max("lpddr"),
+                        timeline.busy_fraction_max("chiplet"), timeline.busy_fraction_max("link"), chunks, chunk_tokens)
 
 
 def _flops_by_layer(program: Program, facts: ModelFacts) -> dict[int, float]:
     out: dict[int, float] = {}
     for _, _, ins in program.instructions():
-        if ins.op == "compute":
-            layer = facts.layer_of_node.get(ins["node"], -1)
-            out[layer] = out.get(layer, 0.0) + ins["flops"]
+        if isinstance(ins, Compute):
+            layer = facts.layer_of_node.get(ins.node, -1)
+            out[layer] = out.get(layer, 0.0) + ins.flops
     return out
 
 
 def _sweep(facts: ModelFacts, placement: Placement, weights: Sequence[WeightSpec], target: Target,
-           workload: Workload, memory: MemoryPlan, allowed: Sequence[int], prefetch: bool) -> list[dict[str, object]]:
+           workload: Workload, memory: MemoryPlan, allowed: Sequence[int], prefetch: bool) -> tuple[SweepPoint, ...]:
     """Time per token over batch (at the compiled context) and context (at the compiled batch), on
     this placement: a point whose KV cache outgrows the SRAM the compile reserved streams it."""
     points = sorted({(b, workload.context) for b in SWEEP_BATCHES} | {(workload.batch, t) for t in SWEEP_CONTEXTS})
@@ -112,27 +139,27 @@ def _sweep(facts: ModelFacts, placement: Placement, weights: Sequence[WeightSpec
             out.append(_sweep_point(facts, placement, weights, target, Workload(batch, context, workload.prompt),
                                     memory, allowed, prefetch))
             task.advance()
-    return out
+    return tuple(out)
 
 
 def _sweep_point(facts: ModelFacts, placement: Placement, weights: Sequence[WeightSpec], target: Target,
-                 load: Workload, memory: MemoryPlan, allowed: Sequence[int], prefetch: bool) -> dict[str, object]:
+                 load: Workload, memory: MemoryPlan, allowed: Sequence[int], prefetch: bool) -> SweepPoint:
     batch, context = load.batch, load.context
     try:
         trial = plan_memory(facts, placement.tiles, target, load, chiplets=allowed, kv="lpddr",
                             kv_dtype=memory.kv.dtype)
     except InfeasibleError as error:  # this point's activations or staging do not fit beside the weights
-        return {"batch": batch, "context": context, "fits": False, "reason": error.message}
-    if any(t > m for t, m in zip(trial.reserve_bytes, memory.reserve_bytes, strict=True)):
-        return {"batch": batch, "context": context, "fits": False,
-                "reason": "needs more SRAM beside the weights than this compile reserved"}
+        return SweepPoint(batch, context, False, error.message)
     if memory.kv.location == "sram" and trial.kv.total_bytes <= memory.kv.total_bytes:
         trial = plan_memory(facts, placement.tiles, target, load, chiplets=allowed, kv="sram",
                             kv_dtype=memory.kv.dtype)
+    trial = kv_beside_weights(trial, placement, facts, target)
+    sram = target.chiplet.sram_bytes
+    if any(held + reserve > sram for held, reserve in zip(placement.chiplet_bytes, trial.reserve_bytes, strict=True)):
+        return SweepPoint(batch, context, False, "needs more SRAM beside the weights than this placement leaves")
     program = build_program(facts, placement, target, trial, load, "decode", chiplets=allowed, prefetch=prefetch)
     step = simulate(program, target, record=False).makespan_s
-    bound = _bound(weights, target, load, trial, facts, allowed)
-    return {"batch": batch, "context": context, "fits": True, "kv_location": trial.kv.location,
-            "time_per_token_s": step,
-            "tokens_per_s": batch / step if step else 0.0, "bound_s": bound.token_s,
-            "efficiency": bound.token_s / step if step else 0.0}
+    bound: BoundFigures = physical_bound(weights, target, load, bound_inputs(facts, weights, target, trial),
+                                         chiplets=allowed)
+    return SweepPoint(batch, context, True, "", trial.kv.location, step, batch / step if step else 0.0, bound.token_s,
+                      bound.token_s / step if step else 0.0)

@@ -1,17 +1,28 @@
-"""The physical bound a plan is measured against (DESIGN.md, "The physical bound").
+"""The physical bound a plan is measured against (see this module: what it counts and what it leaves out).
 
-Computed from the weights, the KV cache size and the target alone: nothing here reads a
-program, a placement or the simulator. Per decode step, with W weight bytes read, KV cache
-bytes read, S the SRAM of the chiplets the model may use, spread over n cards:
+Computed from the model's bytes, FLOPs and activation sizes (`BoundInputs`) and the target
+alone: nothing here reads a program, a placement or the simulator, so efficiency = bound /
+simulated is a measurement. It holds in every regime, streaming or SRAM-resident.
 
-    LPDDR bytes >= max(0, W + KV - S)
-    t_token >= max(LPDDR bytes / (n BW_lpddr), (W + KV) / (C BW_sram_chiplet), FLOPs / (C peak))
-    t_TTFT  >= max(prefill FLOPs / (C peak), (W_all - S)+ / (n BW_lpddr))
-    t_cold  >= total weight bytes / (n BW_pcie)
+A plan may compute on any number k of the cards its chiplets span. On k cards it has n_k
+chiplets and S_k bytes of SRAM; it may stream from every LPDDR channel m of its chiplets (a
+channel on a card that computes nothing still reaches the others over links). Per decode step,
+with W weight bytes read (an embedding: the rows the batch looks up), KV the cache:
 
-C is the number of chiplets and peak the chiplet's peak for each weight's format (a mixed
-model adds its formats' times). An embedding lookup reads one row per token, so W counts
-`batch` rows of it; every other weight is read whole.
+    lpddr    = max(0, W + KV - S_k) / (m BW_channel)
+    sram     = (W + KV) / (n_k BW_sram)
+    compute  = FLOPs / (n_k peak of each weight's format)   (+ attention at the KV cache's format)
+    vector   = activation bytes through the vector units / (n_k BW_vector)
+    latency  = layers x the target's per-layer latency      (additive per layer: target file)
+               + (k - 1) card crossings of the activation    (each: message + bytes / BW + latency)
+               + the host: the logits over PCIe, two PCIe crossings, the host's per-token work
+    t_token >= min over k of max(those terms)
+
+The TTFT bound is the same over the prefill's tokens: the prompt's embedding rows (not the
+table) and every other weight once, all prompt FLOPs, the prompt's vector bytes. The cold start:
+all weight bytes over min(cards x PCIe, storage). `Bound` keeps each term at the best k, so the
+report can say which one binds. Left out (so the bound stays below any plan): the KV write-back,
+link crossings inside a card, and any wait between layers beyond their fixed latency.
 """
 
 from __future__ import annotations
@@ -22,53 +33,78 @@ from dataclasses import dataclass
 
 from aviatorc.partition.tiling import WeightSpec
 from aviatorc.plan.ir import Workload
+from aviatorc.plan.plan import BoundFigures
 from aviatorc.target import Target
 
 
 @dataclass(frozen=True)
-class Bound:
-    token_s: float
-    ttft_s: float
-    cold_s: float
-    terms: dict[str, float]  # each term of the token bound, for the report
+class BoundInputs:
+    """What the bound reads off the model (`aviatorc.schedule.model.ModelFacts` has it all)."""
 
-    def to_dict(self) -> dict[str, float]:
-        return {"token_s": self.token_s, "ttft_s": self.ttft_s, "cold_s": self.cold_s,
-                **{f"token_{k}_s": v for k, v in sorted(self.terms.items())}}
+    kv_bytes: int  # the whole cache at the workload's batch and context
+    q_width_total: int  # sum over layers of heads x head dim (attention reads K and V per query head group)
+    layers: int  # transformer layers (with attention): each pays the per-layer latency
+    attention_kind: str  # the format attention runs at (the KV cache's: "fp16" or "int8")
+    vector_bytes_per_token: float  # activation bytes a token moves through the vector units
+    handoff_bytes_per_token: float  # the activation one layer hands to the next
+    output_bytes_per_token: float  # the logits of one token
 
 
-def physical_bound(weights: Sequence[WeightSpec], target: Target, workload: Workload, *, kv_bytes: int,
-                   q_width_total: int, chiplets: Sequence[int]) -> Bound:
-    """`kv_bytes`: the whole cache at the workload's batch and context; `q_width_total`: the sum
-    over layers of heads x head dim (attention reads K and V once per query head group)."""
-    count = len(chiplets)
-    cards = len({target.card_of(c) for c in chiplets})
-    sram = target.chiplet.sram_bytes * count
-    stored = [w for w in weights if w.storage_bytes > 0]
+def physical_bound(weights: Sequence[WeightSpec], target: Target, workload: Workload, model: BoundInputs, *,
+                   chiplets: Sequence[int]) -> BoundFigures:
     b, t, p = workload.batch, workload.context, workload.prompt
+    stored = [w for w in weights if w.storage_bytes > 0]
+    cards = _cards_by_size(target, chiplets)
+    channels = len({target.channel_of(c) for c in chiplets})
+    lpddr_s_per_byte = 1.0 / (channels * target.channel_bytes_per_s)
 
     def read_bytes(w: WeightSpec, tokens: int) -> float:
         return min(w.storage_bytes, w.storage_bytes * tokens / w.k) if w.is_embedding else w.storage_bytes
 
-    def matrix_s(tokens: int) -> float:
-        seconds = sum(0.0 if w.is_embedding else 2.0 * tokens * w.k * w.n / target.flops_per_s(w.format.kind)
-                      for w in stored)
-        return seconds / count
+    def matrix_flop_s(tokens: int) -> float:  # on one chiplet
+        return sum(0.0 if w.is_embedding else 2.0 * tokens * w.k * w.n / target.flops_per_s(w.format.kind)
+                   for w in stored)
 
-    attention_decode_s = 4.0 * b * t * q_width_total / target.flops_per_s("fp16") / count
-    weight_read = sum(read_bytes(w, b) for w in stored)
-    terms = {
-        "lpddr": max(0.0, weight_read + kv_bytes - sram) / (cards * target.lpddr_bytes_per_s_per_card),
-        "sram": (weight_read + kv_bytes) / (count * target.chiplet.sram_bytes_per_s),
-        "compute": matrix_s(b) + attention_decode_s,
-    }
-    prefill_tokens = b * p
-    attention_prefill_s = 2.0 * b * p * p * q_width_total / target.flops_per_s("fp16") / count
-    all_bytes = sum(w.storage_bytes for w in stored)
-    ttft = max(matrix_s(prefill_tokens) + attention_prefill_s,
-               max(0.0, all_bytes - sram) / (cards * target.lpddr_bytes_per_s_per_card))
-    cold = all_bytes / (cards * target.pcie_bytes_per_s_per_card)
-    return Bound(max(terms.values()), ttft, cold, terms)
+    def host_s(tokens: int) -> float:
+        return (model.output_bytes_per_token * tokens / target.pcie_bytes_per_s_per_card
+                + 2 * target.pcie_latency_s + target.host.per_token_s)
+
+    def crossing_s(tokens: int) -> float:
+        return target.links[2].transfer_s(model.handoff_bytes_per_token * tokens)
+
+    def terms(k: int, tokens: int, outputs: int, weight_bytes: float, kv_bytes: float, attention_flops: float
+              ) -> dict[str, float]:
+        n = sum(cards[:k])
+        sram = target.chiplet.sram_bytes * n
+        return {
+            "lpddr": max(0.0, weight_bytes + kv_bytes - sram) * lpddr_s_per_byte,
+            "sram": (weight_bytes + kv_bytes) / (n * target.chiplet.sram_bytes_per_s),
+            "compute": (matrix_flop_s(tokens) + attention_flops / target.flops_per_s(model.attention_kind)) / n,
+            "vector": model.vector_bytes_per_token * tokens / (n * target.chiplet.vector_bytes_per_s),
+            "latency": model.layers * target.per_layer_latency_s + (k - 1) * crossing_s(tokens) + host_s(outputs),
+        }
+
+    def best(make: dict[int, dict[str, float]]) -> tuple[float, dict[str, float], int]:
+        k = min(make, key=lambda k: (max(make[k].values()), k))
+        return max(make[k].values()), make[k], k
+
+    decode = {k: terms(k, b, b, sum(read_bytes(w, b) for w in stored), model.kv_bytes,
+                       4.0 * b * t * model.q_width_total) for k in range(1, len(cards) + 1)}
+    prefill = {k: terms(k, b * p, b, sum(read_bytes(w, b * p) for w in stored), 0.0,
+                        2.0 * b * p * p * model.q_width_total) for k in range(1, len(cards) + 1)}
+    token_s, token_terms, k_token = best(decode)
+    ttft_s, ttft_terms, _ = best(prefill)
+    total = sum(w.storage_bytes for w in stored)
+    cold = total / min(len(cards) * target.pcie_bytes_per_s_per_card, target.host.storage_bytes_per_s)
+    return BoundFigures(token_s, ttft_s, cold, token_terms, ttft_terms, k_token)
+
+
+def _cards_by_size(target: Target, chiplets: Sequence[int]) -> list[int]:
+    """Allowed chiplets per card, largest first (a plan on k cards takes the k fullest)."""
+    per_card: dict[int, int] = {}
+    for c in chiplets:
+        per_card[target.card_of(c)] = per_card.get(target.card_of(c), 0) + 1
+    return sorted(per_card.values(), reverse=True)
 
 
 def tokens_per_s(batch: int, step_s: float) -> float:

@@ -12,15 +12,19 @@ Steps, for one phase (a decode step of `batch` tokens, or one prefill chunk):
    reader there (`recv`). A weight node's parts are sent to its layer's home and collected
    there (concatenated columns, or summed disjoint rows) before anyone reads the whole value.
 3. Weights: a resident tile is read from its buffer. A streamed tile (and, with the KV cache in
-   LPDDR, each KV chunk) is staged: `load` into a staging buffer on its compute chiplet,
-   `wait`, `compute`, `free`. With prefetch, each stream issues its loads in the order it will
-   use them as early as its staging budget allows (after the `free` that made room), so the
-   next layers' weights arrive during this layer's compute; without it, a load is issued just
-   before its use. Either way the loads of one card share its LPDDR channel.
+   LPDDR, each KV chunk) is staged: `load` from its LPDDR channel into a staging buffer on its
+   compute chiplet, `wait`, `compute`, `free`. With prefetch, each stream issues its loads in
+   the order it will use them as early as its staging budget allows (after the `free` that
+   made room), so the next layers' weights arrive during this layer's compute; without it, a
+   load is issued just before its use. A KV chunk streams from the channel of the chiplet
+   reading it.
 4. Costs written on each `compute`: a strip's FLOPs (2 x tokens x k x n) and the bytes it reads
-   from SRAM; attention's FLOPs and KV bytes; the target's per-layer fixed latency once per
-   layer, on its home. Other nodes (norms, elementwise, shape ops) run on vector units and
-   are not costed: the per-layer latency term stands for them.
+   from SRAM; attention's FLOPs and KV bytes read, plus the new tokens' K and V written (into
+   SRAM, or a `store` to the layer's LPDDR channel when the cache lives there); for every other
+   node but the shape ops (views: reshapes, transposes, slices), the activation bytes it moves
+   through the vector units; the target's per-layer latency flagged once per transformer layer
+   (a layer with attention: the vendor's "per layer"), on its first compute.
+5. The end: the graph's first output (the logits) goes to the host (`host`), which samples.
 """
 
 from __future__ import annotations
@@ -28,11 +32,27 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from aviatorc.ir import Node, Value
 from aviatorc.partition.placement import Placement
 from aviatorc.partition.tiling import Tile
-from aviatorc.plan.ir import Buffer, Instr, Program, Workload, instr
+from aviatorc.plan.ir import (
+    Buffer,
+    Compute,
+    Free,
+    Host,
+    Instruction,
+    Load,
+    Part,
+    Program,
+    Recv,
+    Send,
+    Store,
+    ValueRef,
+    Wait,
+    Workload,
+)
 from aviatorc.schedule.memory import MemoryPlan
 from aviatorc.schedule.model import ModelFacts, TileUse
 from aviatorc.target import Target
@@ -40,11 +60,11 @@ from aviatorc.target import Target
 
 @dataclass(frozen=True)
 class _Staged:
-    """A use of a staged buffer: loaded from `card`, consumed by `compute`."""
+    """A use of a staged buffer: loaded from LPDDR `channel`, consumed by `compute`."""
 
     buffer: Buffer
-    card: int
-    compute: Instr
+    channel: int
+    compute: Compute
 
 
 def resident_buffer(tile: int) -> str:
@@ -65,11 +85,12 @@ class _Builder:
         self.facts, self.placement, self.target, self.memory = facts, placement, target, memory
         self.workload, self.phase, self.tokens, self.chiplets = workload, phase, tokens, chiplets
         self.program = Program(phase, workload)
-        self.entries: dict[int, list[Instr | _Staged]] = {c: [] for c in chiplets}
+        self.entries: dict[int, list[Instruction | _Staged]] = {c: [] for c in chiplets}
         self.location: dict[str, int] = {}  # value -> chiplet holding it whole
         self.delivered: set[tuple[str, int]] = set()
         self.sender: dict[tuple[str, int], int] = {}  # (value, reader) -> who sends it there, if not its producer
         self.charged_layers: set[int] = set()
+        self.attention_layers = set(facts.attention.values())
         self.homes = self._homes()
         self.skipped = facts.weight_chain
         self.node_chiplets = {n.name: self._chiplets_of(n) for n in facts.order}
@@ -120,9 +141,19 @@ class _Builder:
 
     # -- sizes ---------------------------------------------------------------------------
 
-    def value_bytes(self, value: Value) -> int:
-        per_token = self.facts.elements_per_token(value.name)
+    def value_bytes(self, value: Value | str) -> int:
+        per_token = self.facts.elements_per_token(value if isinstance(value, str) else value.name)
         return max(1, math.ceil(per_token * self.tokens * self.target.activation_bytes_per_element))
+
+    def vector_bytes(self, node: Node) -> int:
+        """Activation bytes a node moves through the vector units: its inputs and outputs (0 for views)."""
+        return sum(self.value_bytes(name) for name in self.facts.vector_values(node))
+
+    def kv_written_bytes(self, layer: int) -> int:
+        """The K and V of this program's tokens in one layer, as the cache stores them."""
+        kv = self.memory.kv
+        per_token = kv.bytes_per_layer.get(layer, 0) / max(1, self.workload.batch * self.workload.context)
+        return math.ceil(per_token * self.tokens)
 
     # -- emission ------------------------------------------------------------------------
 
@@ -132,11 +163,11 @@ class _Builder:
         for t, w in enumerate(self.placement.where):
             if w < self.placement.num_chiplets:
                 self.program.add_buffer(Buffer(resident_buffer(t), w, self.placement.tiles[t].storage_bytes,
-                                               "resident", f"t{t}"))
+                                               "resident", tile=t))
         if self.memory.kv.location == "sram":
             for layer, nbytes in sorted(self.memory.kv.bytes_per_layer.items()):
                 self.program.add_buffer(Buffer(f"kv.{layer}", self.memory.kv.chiplet_of_layer[layer], nbytes, "kv",
-                                               f"kv.{layer}"))
+                                               layer=layer))
         for node in self.facts.order:
             if node.name in self.skipped:
                 continue
@@ -145,6 +176,17 @@ class _Builder:
                 self._weight_node(node, uses)
             else:
                 self._plain_node(node)
+        self._to_host()
+
+    def _to_host(self) -> None:
+        """The logits (the graph's first output) go to the host, which samples the next token."""
+        outputs = [name for name in self.facts.output_order if name in self.location]
+        if outputs:
+            name = outputs[0]
+            tokens = min(self.tokens, self.workload.batch)  # the last token of each sequence
+            per_token = self.facts.elements_per_token(name)
+            nbytes = max(1, math.ceil(per_token * tokens * self.target.activation_bytes_per_element))
+            self.entries[self.location[name]].append(Host(ValueRef(name), nbytes))
 
     def _plain_node(self, node: Node) -> None:
         layer = self.facts.layer_of_node[node.name]
@@ -153,7 +195,8 @@ class _Builder:
         if node.name in self.facts.attention:
             self._attention(node, layer, home)
         else:
-            self._compute(home, layer, node=node.name, bufs=(), flops=0, bytes=0, kind="fp16", part="")
+            self._compute(home, layer, node=node.name, bufs=(), flops=0, bytes=0, vector_bytes=self.vector_bytes(node),
+                          kind="fp16", part=None)
         for out in node.outputs:
             self.location[out.name] = home
             self._send_to_readers(out, home)
@@ -172,7 +215,7 @@ class _Builder:
             w = self.placement.where[use.tile]
             self._receive_inputs(node, c)
             for start, stop in self._pieces(tile, use, streamed=w >= num_c):
-                part = f"{use.part.split(':')[0]}:{start}:{stop}"
+                part = Part(use.part.kind, start, stop)
                 if node.op == "Gather":  # each token reads one row: expected bytes in this row range
                     read = min(tile.storage_bytes, math.ceil(tile.storage_bytes * tokens / max(1, rows_total)))
                     flops = 0
@@ -181,24 +224,24 @@ class _Builder:
                     read = tile.format.storage_bytes(tile.k, stop - start)
                     flops = 2 * tokens * tile.k * (stop - start)
                     part_bytes = math.ceil(self.value_bytes(out) * (stop - start) / max(1, rows_total))
-                fields = dict(node=node.name, flops=flops, bytes=read, kind=tile.format.kind, part=part)
+                fields = dict(node=node.name, flops=flops, bytes=read, vector_bytes=0, kind=tile.format.kind, part=part)
                 if w < num_c:
                     self._compute(c, layer, bufs=(resident_buffer(use.tile),), **fields)
                 else:
-                    buffer = self._staging_buffer(f"s.t{use.tile}.{start}", c, read, f"t{use.tile}")
+                    buffer = self._staging_buffer(f"s.t{use.tile}.{start}", c, read, tile=use.tile)
                     self.entries[c].append(_Staged(buffer, w - num_c,
                                                    self._make_compute(c, layer, bufs=(buffer.name,), **fields)))
                 if c != home:
-                    label = f"{out.name}[{part}]"
-                    self.entries[c].append(instr("send", label, to=home, bytes=part_bytes))
-                    self.entries[home].append(instr("recv", label, src=c, bytes=part_bytes))
+                    label = ValueRef(out.name, part)
+                    self.entries[c].append(Send(label, home, part_bytes))
+                    self.entries[home].append(Recv(label, c, part_bytes))
         self.location[out.name] = home
         self._send_to_readers(out, home)
 
     def _pieces(self, tile: Tile, use: TileUse, *, streamed: bool) -> list[tuple[int, int]]:
         """The column ranges one use is computed in: the whole strip, or for a streamed strip
         sub-strips (whole matrix units) of at most one staging chunk each."""
-        if not streamed or use.part.startswith("rows") or tile.storage_bytes <= self.memory.stage_chunk_bytes:
+        if not streamed or use.part.kind == "rows" or tile.storage_bytes <= self.memory.stage_chunk_bytes:
             return [(use.start, use.stop)]
         unit = self.target.matrix_unit_n
         per_unit = max(1, tile.format.storage_bytes(tile.k, unit))
@@ -210,54 +253,66 @@ class _Builder:
         width = self.facts.kv_width.get(layer, 0)
         q_width = self.facts.q_width.get(layer, width)
         kind = "int8" if kv.dtype == "int8" else "fp16"
+        written = self.kv_written_bytes(layer)
+        in_sram = kv.location == "sram" and layer in kv.bytes_per_layer
         if self.phase == "prefill":
             # A chunk of c tokens attends to the prompt before it: on average half of it (causal).
             context = max(1, self.workload.prompt // 2)
             flops = 4 * self.tokens * context * q_width
-            written = kv.bytes_per_layer.get(layer, 0) * self.tokens // max(1, self.workload.batch * self.workload.context)
-            bufs = (f"kv.{layer}",) if kv.location == "sram" and layer in kv.bytes_per_layer else ()
-            self._compute(home, layer, node=node.name, bufs=bufs, flops=flops, bytes=written, kind=kind, part="")
+            bufs = (f"kv.{layer}",) if in_sram else ()
+            self._compute(home, layer, node=node.name, bufs=bufs, flops=flops, bytes=written if in_sram else 0,
+                          vector_bytes=0, kind=kind, part=None)
+            self._write_back(home, layer, written, in_sram)
             return
         flops = 4 * self.workload.batch * self.workload.context * q_width
         nbytes = kv.bytes_per_layer.get(layer, 0)
         if kv.location == "sram" or nbytes == 0:
             bufs = (f"kv.{layer}",) if nbytes else ()
-            self._compute(home, layer, node=node.name, bufs=bufs, flops=flops, bytes=nbytes, kind=kind, part="")
+            self._compute(home, layer, node=node.name, bufs=bufs, flops=flops, bytes=nbytes + written, vector_bytes=0,
+                          kind=kind, part=None)
             return
         # The cache streams in chunks spread over every allowed chiplet (heads split across chiplets,
-        # as tensor-parallel attention does), so each card's LPDDR channel carries its share of every
-        # layer's cache; each chunk's partial output goes home, where the last chunk completes the node.
+        # as tensor-parallel attention does), each from the channel of the chiplet reading it, so
+        # every channel carries its share of every layer's cache; each chunk's partial output goes
+        # home, where the last chunk completes the node.
         where = self._kv_chunk_chiplets(node)
         chunks = len(where)
         out = node.outputs[0]
         partial_bytes = math.ceil(self.workload.batch * q_width * self.target.activation_bytes_per_element / chunks)
         for i, c in enumerate(where):
             share = min(kv.chunk_bytes, nbytes - i * kv.chunk_bytes)
-            part = f"kv:{i}:{chunks}"
+            part = Part("kv", i, chunks)
             self._receive_inputs(node, c)
-            buffer = self._staging_buffer(f"kv.{layer}.{i}", c, share, f"kv.{layer}.{i}")
+            buffer = self._staging_buffer(f"kv.{layer}.{i}", c, share, layer=layer)
             compute = self._make_compute(c, layer, node=node.name, bufs=(buffer.name,), flops=flops * share // nbytes,
-                                         bytes=share, kind=kind, part=part)
-            self.entries[c].append(_Staged(buffer, self.target.card_of(c), compute))
+                                         bytes=share, vector_bytes=0, kind=kind, part=part)
+            self.entries[c].append(_Staged(buffer, self.target.channel_of(c), compute))
             if c != home:
-                label = f"{out.name}[{part}]"
-                self.entries[c].append(instr("send", label, to=home, bytes=partial_bytes))
-                self.entries[home].append(instr("recv", label, src=c, bytes=partial_bytes))
+                label = ValueRef(out.name, part)
+                self.entries[c].append(Send(label, home, partial_bytes))
+                self.entries[home].append(Recv(label, c, partial_bytes))
+        self._write_back(home, layer, written, False)
 
-    def _staging_buffer(self, base: str, chiplet: int, nbytes: int, tile: str) -> Buffer:
+    def _write_back(self, home: int, layer: int, nbytes: int, in_sram: bool) -> None:
+        """The new tokens' K and V into a cache kept in LPDDR: a store to the home's channel."""
+        if nbytes and not in_sram and layer in self.memory.kv.bytes_per_layer:
+            self.entries[home].append(Store(f"kv.{layer}", self.target.channel_of(home), nbytes))
+
+    def _staging_buffer(self, base: str, chiplet: int, nbytes: int, *, tile: int | None = None,
+                        layer: int | None = None) -> Buffer:
         name = base
         if name in self.program.buffers:  # a tile staged twice (a tied table's lookup and head)
             name = f"{base}.{sum(1 for b in self.program.buffers if b.startswith(base + '.')) + 1}"
-        return self.program.add_buffer(Buffer(name, chiplet, nbytes, "staging", tile))
+        return self.program.add_buffer(Buffer(name, chiplet, nbytes, "staging", tile=tile, layer=layer))
 
-    def _make_compute(self, chiplet: int, layer: int, **fields: object) -> Instr:
-        fixed = 0
-        if layer >= 0 and layer not in self.charged_layers and chiplet == self.homes[layer]:
+    def _make_compute(self, chiplet: int, layer: int, **fields: Any) -> Compute:
+        # The per-layer latency, once per transformer layer (a layer with attention), on its first compute.
+        latency = layer in self.attention_layers and layer not in self.charged_layers
+        if latency:
             self.charged_layers.add(layer)
-            fixed = round(self.target.per_layer_latency_s * 1e9)
-        return instr("compute", fixed_ns=fixed, **fields)
+        return Compute(layer_latency=latency, **fields)
 
-    def _compute(self, chiplet: int, layer: int, **fields: object) -> None:
+    def _compute(self, chiplet: int, layer: int, **fields: Any) -> None:
         self.entries[chiplet].append(self._make_compute(chiplet, layer, **fields))
 
     def _receive_inputs(self, node: Node, chiplet: int) -> None:
@@ -270,7 +325,7 @@ class _Builder:
             if source == chiplet or (value.name, chiplet) in self.delivered:
                 continue
             self.delivered.add((value.name, chiplet))
-            self.entries[chiplet].append(instr("recv", value.name, src=source, bytes=self.value_bytes(value)))
+            self.entries[chiplet].append(Recv(ValueRef(value.name), source, self.value_bytes(value)))
 
     def _send_to_readers(self, value: Value, source: int) -> None:
         """Send `value` now to every other chiplet that will read it (the recv comes at the reader)."""
@@ -288,7 +343,7 @@ class _Builder:
             package if any(package(c) != package(source) for c in targets) else None)
         if level is None:
             for c in targets:
-                self.entries[source].append(instr("send", value.name, to=c, bytes=nbytes))
+                self.entries[source].append(Send(ValueRef(value.name), c, nbytes))
                 self.sender[(value.name, c)] = source
             return
         groups: dict[int, list[int]] = {}
@@ -299,8 +354,8 @@ class _Builder:
                 self._broadcast(value, source, members)
                 continue
             relay = members[0]
-            self.entries[source].append(instr("send", value.name, to=relay, bytes=nbytes))
-            self.entries[relay].append(instr("recv", value.name, src=source, bytes=nbytes))
+            self.entries[source].append(Send(ValueRef(value.name), relay, nbytes))
+            self.entries[relay].append(Recv(ValueRef(value.name), source, nbytes))
             self.delivered.add((value.name, relay))
             self._broadcast(value, relay, members[1:])
 
@@ -314,11 +369,11 @@ class _Builder:
         return self.program
 
 
-def _with_loads(entries: list[Instr | _Staged], budget: int) -> list[Instr]:
+def _with_loads(entries: list[Instruction | _Staged], budget: int) -> list[Instruction]:
     """Insert each staged use's `load` (in use order, as early as `budget` bytes of staging
     allow; budget 0: just before its use), `wait` before its compute and `free` after it."""
     staged = [e for e in entries if isinstance(e, _Staged)]
-    out: list[Instr] = []
+    out: list[Instruction] = []
     issued = 0  # staged uses whose load is out
     occupancy = 0
 
@@ -326,7 +381,7 @@ def _with_loads(entries: list[Instr | _Staged], budget: int) -> list[Instr]:
         nonlocal issued, occupancy
         while issued < len(staged) and (issued < upto or occupancy + staged[issued].buffer.bytes <= budget):
             use = staged[issued]
-            out.append(instr("load", use.buffer.name, card=use.card, bytes=use.buffer.bytes))
+            out.append(Load(use.buffer.name, use.channel, use.buffer.bytes))
             occupancy += use.buffer.bytes
             issued += 1
 
@@ -338,9 +393,9 @@ def _with_loads(entries: list[Instr | _Staged], budget: int) -> list[Instr]:
             continue
         position += 1
         issue(position)  # this use's own load, whatever the budget says
-        out.append(instr("wait", entry.buffer.name))
+        out.append(Wait(entry.buffer.name))
         out.append(entry.compute)
-        out.append(instr("free", entry.buffer.name))
+        out.append(Free(entry.buffer.name))
         occupancy -= entry.buffer.bytes
         issue(0)
     return out

@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aviatorc.errors import InfeasibleError, OptionError
+from aviatorc.partition.placement import Placement
 from aviatorc.partition.tiling import Tile
 from aviatorc.plan.ir import Workload
+from aviatorc.plan.plan import MemoryFigures
 from aviatorc.schedule.model import ModelFacts
 from aviatorc.target import Target
 
@@ -66,12 +68,12 @@ class MemoryPlan:
     stage_chunk_bytes: int  # the most one load brings in (a sub-strip of a streamed tile, a KV block)
     reserve_bytes: tuple[int, ...]  # per chiplet of the machine: held back from weights
 
-    def describe(self) -> dict[str, object]:
-        return {"kv_dtype": self.kv.dtype, "kv_location": self.kv.location, "kv_bytes": self.kv.total_bytes,
-                "kv_chunk_bytes": self.kv.chunk_bytes, "scratch_bytes_per_chiplet": self.scratch_bytes,
-                "prefill_chunk_tokens": self.prefill_chunk_tokens,
-                "staging_bytes_per_chiplet": self.staging_bytes,
-                "stage_chunk_bytes": self.stage_chunk_bytes, "reserve_bytes": list(self.reserve_bytes)}
+    def describe(self) -> MemoryFigures:
+        return MemoryFigures(kv_dtype=self.kv.dtype, kv_location=self.kv.location, kv_bytes=self.kv.total_bytes,
+                             kv_chunk_bytes=self.kv.chunk_bytes, kv_layer_chiplets=dict(self.kv.chiplet_of_layer),
+                             scratch_bytes_per_chiplet=self.scratch_bytes,
+                             prefill_chunk_tokens=self.prefill_chunk_tokens, staging_bytes_per_chiplet=self.staging_bytes,
+                             stage_chunk_bytes=self.stage_chunk_bytes, reserve_bytes=tuple(self.reserve_bytes))
 
 
 def kv_bytes_per_token(width: int, dtype: str) -> float:
@@ -170,3 +172,41 @@ def _activation_peak_bytes(facts: ModelFacts, target: Target, tokens: int, outpu
 
 def _mib(n: float) -> str:
     return f"{n / 2**20:.2f} MiB"
+
+
+def kv_beside_weights(memory: MemoryPlan, placement: Placement, facts: ModelFacts, target: Target) -> MemoryPlan:
+    """Each layer's KV cache, and so its home (where its attention and norms run), moved next to its
+    weights once they are placed: to the chiplet computing most of the layer's weight bytes, or the
+    next such chiplet when that one lacks the room (its resident weights and reserve must still fit
+    its SRAM). A layer whose weight chiplets all lack the room keeps the chiplet sizing gave it.
+
+    Sizing assigns the caches before the weights are placed (round-robin: the partitioner must
+    know each chiplet's reserve); this undoes the distance that leaves between a layer's weights and
+    its home, which every step pays in hand-offs (on 8 cards, every layer's home on a card holding
+    none of its weights)."""
+    kv = memory.kv
+    if not kv.chiplet_of_layer:
+        return memory
+    work: dict[int, dict[int, int]] = {}
+    for node, uses in facts.uses.items():
+        layer = facts.layer_of_node.get(node)
+        for use in uses:
+            per = work.setdefault(layer if layer is not None else -1, {})
+            c = placement.compute_chiplet[use.tile]
+            per[c] = per.get(c, 0) + placement.tiles[use.tile].storage_bytes
+    held = list(placement.chiplet_bytes)
+    reserve = list(memory.reserve_bytes)
+    owners = dict(kv.chiplet_of_layer)
+    in_sram = kv.location == "sram"
+    for layer in sorted(owners):
+        candidates = sorted(work.get(layer, {}).items(), key=lambda item: (-item[1], item[0]))
+        nbytes = kv.bytes_per_layer.get(layer, 0) if in_sram else 0
+        for c, _ in candidates:
+            if c == owners[layer]:
+                break
+            if held[c] + reserve[c] + nbytes <= target.chiplet.sram_bytes:
+                reserve[owners[layer]] -= nbytes
+                reserve[c] += nbytes
+                owners[layer] = c
+                break
+    return replace(memory, kv=replace(kv, chiplet_of_layer=owners), reserve_bytes=tuple(reserve))

@@ -24,8 +24,13 @@ from dataclasses import dataclass, field
 
 from aviatorc.ir import Graph, Node, Value
 from aviatorc.partition.tiling import Tile
+from aviatorc.plan.ir import Part
 
 ATTENTION_OPS = ("Softmax", "Attention")
+# Views: on the machine they are addressing, not work for the vector units.
+SHAPE_OPS = frozenset({"Reshape", "Flatten", "Unsqueeze", "Squeeze", "Transpose", "Expand", "Tile", "Concat", "Split",
+                       "Slice", "Shape", "Size", "ConstantOfShape", "Range", "Identity", "Cast", "Gather",
+                       "GatherElements", "GatherND"})
 # With multi-head latent attention the cache holds kv_a_proj_with_mqa's output (the latent and the
 # shared rotary key), so its width is the layer's whole KV width; its query is q_b_proj's output.
 _K_ROLES = {"k", "k_proj", "key", "k_lin", "wk", "to_k", "kv_a_proj_with_mqa"}
@@ -35,14 +40,19 @@ _Q_ROLES = {"q", "q_proj", "query", "q_lin", "wq", "to_q", "q_b_proj"}
 
 @dataclass(frozen=True)
 class TileUse:
-    """Tile `tile` read by graph node `node`: part "cols:A:B" of a MatMul's output or "rows:A:B"
-    of a lookup's table."""
+    """Tile `tile` read by graph node `node`: output columns of a MatMul, or table rows of a lookup."""
 
     tile: int
     node: str
-    part: str
-    start: int
-    stop: int
+    part: Part
+
+    @property
+    def start(self) -> int:
+        return self.part.start
+
+    @property
+    def stop(self) -> int:
+        return self.part.stop
 
 
 @dataclass
@@ -60,6 +70,7 @@ class ModelFacts:
     score_values: set[str] = field(default_factory=set)  # attention scores: no activation buffer
     weight_chain: set[str] = field(default_factory=set)  # nodes between a stored weight and its reader
     outputs: set[str] = field(default_factory=set)  # graph output values
+    output_order: list[str] = field(default_factory=list)  # the same, in the graph's order (logits first)
     peaks: dict[tuple[int, int, bool, int, int], int] = field(default_factory=dict)  # memo of activation peaks
 
     @property
@@ -68,6 +79,17 @@ class ModelFacts:
 
     def elements_per_token(self, value: str) -> float:
         return self.value_elements.get(value, 0) / self.graph_tokens
+
+    def vector_values(self, node: Node) -> list[str]:
+        """The activations a node moves through the vector units (inputs and outputs): none for a
+        view, a weight's reader (matrix units) or attention (costed as matrix work)."""
+        if node.op in SHAPE_OPS or node.name in self.uses or node.name in self.attention or node.name in self.weight_chain:
+            return []
+        return [v.name for v in (*node.inputs, *node.outputs)
+                if v is not None and not v.is_initializer and v.name in self.value_elements]
+
+    def vector_elements_per_token(self) -> float:
+        return sum(self.elements_per_token(v) for node in self.order for v in self.vector_values(node))
 
 
 def numel_bound(shape: Sequence[int | str | None]) -> int:
@@ -94,7 +116,7 @@ def model_facts(graph: Graph, tiles: Sequence[Tile]) -> ModelFacts:
     chain = _weight_chain_nodes(graph, uses)
     elements = {out.name: numel_bound(out.type.shape) for n in graph.nodes if n.name not in chain for out in n.outputs}
     return ModelFacts(list(graph.nodes), layer_of, uses, attention, kv_width, q_width, _graph_tokens(graph),
-                      elements, scores, chain, {v.name for v in graph.outputs})
+                      elements, scores, chain, {v.name for v in graph.outputs}, [v.name for v in graph.outputs])
 
 
 WEIGHT_CHAIN_OPS = ("DequantizeWeight", "Cast", "Transpose")  # between a stored weight and its reader
@@ -125,10 +147,9 @@ def _tile_uses(graph: Graph, tiles: Sequence[Tile]) -> dict[str, list[TileUse]]:
             if node.op == "Gather":
                 # A lookup reads table rows: an embedding's row tiles, or a tied head's column strips.
                 start, stop = (tile.k_start, tile.k_stop) if tile.is_embedding else (tile.n_start, tile.n_stop)
-                uses.setdefault(name, []).append(TileUse(index, name, f"rows:{start}:{stop}", start, stop))
+                uses.setdefault(name, []).append(TileUse(index, name, Part("rows", start, stop)))
             else:
-                uses.setdefault(name, []).append(
-                    TileUse(index, name, f"cols:{tile.n_start}:{tile.n_stop}", tile.n_start, tile.n_stop))
+                uses.setdefault(name, []).append(TileUse(index, name, Part("cols", tile.n_start, tile.n_stop)))
     return uses
 
 

@@ -3,29 +3,37 @@
     timeline = simulate(program, target)
     timeline.makespan_s, timeline.spans, timeline.sram_samples
 
-Resources, as on the hardware:
+Resources, as on the hardware (every time comes from the target, none from the program):
 - each stream (one per chiplet) runs its instructions in order; `compute` occupies the
-  chiplet's matrix units for max(FLOPs / peak of its format, bytes / SRAM bandwidth) plus its
-  fixed latency; `wait` and `recv` block the stream; `load`, `send`, `signal`, `free` do not;
-- one LPDDR channel per card: loads from a card are served one after another, in the order
-  they were issued (ties: lower chiplet first), each for bytes / the card's LPDDR bandwidth;
+  chiplet for max(FLOPs / peak of its format, bytes / SRAM bandwidth) on the matrix units, plus
+  its vector bytes / the vector units' rate, plus the target's per-layer latency when flagged;
+  `wait`, `recv` and `host` block the stream; `load`, `store`, `send`, `signal`, `free` do not;
+- one queue per LPDDR channel (per chiplet on `corsair`): loads and stores on a channel are
+  served one after another in the order they were issued (ties: lower chiplet first), each for
+  bytes / the channel's bandwidth. A load into a chiplet the channel does not attach to then
+  crosses the link between them, charged there (cut-through: the link finishes no earlier than
+  the channel), and lands after the link's latency;
 - links: one die-to-die link per package, one package-to-package link per card, and one
   card-to-card port per sending card (cards talk over bridges and a PCIe switch, not one shared
-  wire), each serving one transfer at a time for bytes / bandwidth, with its latency added to
-  the arrival (latency overlaps the next transfer).
+  wire), each serving one message at a time for its fixed message time plus bytes / bandwidth,
+  with its latency added to the arrival (latency overlaps the next message);
+- the host: `host` sends the output over its card's PCIe port (bytes / PCIe bandwidth), then the
+  stream waits two PCIe crossings and the host's per-token work (sampling).
 
-The simulator knows nothing of how the program was built; the physical bound (`bound.py`) is
+The simulator knows nothing of how the program was built (it walks the streams with the same
+`StreamInterpreter` as the checker and the backends); the physical bound (`bound.py`) is
 computed apart from it, so efficiency = bound / simulated is a measurement.
 """
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 
-from aviatorc.plan.ir import Program
+from aviatorc.plan.check import held_bytes
+from aviatorc.plan.interpret import BLOCKED, StreamInterpreter
+from aviatorc.plan.ir import Compute, Free, Host, Load, Program, Recv, Send, Signal, Store, Wait, format_instr
 from aviatorc.plan.plan import Plan
-from aviatorc.target import Target
+from aviatorc.target import LinkLevel, Target
 
 
 class SimulationError(RuntimeError):
@@ -34,8 +42,8 @@ class SimulationError(RuntimeError):
 
 @dataclass(frozen=True)
 class Span:
-    track: str  # "chiplet 3", "lpddr card 0", "link die_to_die 1"
-    kind: str  # compute, load, send, wait
+    track: str  # "chiplet 3", "lpddr channel 5", "link die_to_die 1", "pcie card 0"
+    kind: str  # compute, load, store, send, wait, host
     name: str
     start_s: float
     end_s: float
@@ -51,13 +59,10 @@ class Timeline:
     def peak_sram_bytes(self) -> dict[int, int]:
         return {c: max((b for _, b in samples), default=0) for c, samples in self.sram_samples.items()}
 
-    def summary(self) -> dict[str, float]:
-        lpddr = [v for k, v in self.busy_s.items() if k.startswith("lpddr")]
-        compute = [v for k, v in self.busy_s.items() if k.startswith("chiplet")]
-        span = self.makespan_s or 1.0
-        return {"makespan_s": self.makespan_s,
-                "lpddr_busy_fraction_max": max(lpddr, default=0.0) / span,
-                "compute_busy_fraction_max": max(compute, default=0.0) / span}
+    def busy_fraction_max(self, kind: str) -> float:
+        """The busiest track of a kind ("chiplet", "lpddr", "link"), as a fraction of the makespan."""
+        busiest = max((v for k, v in self.busy_s.items() if k.startswith(kind)), default=0.0)
+        return busiest / self.makespan_s if self.makespan_s else 0.0
 
 
 def simulate(program: Program | Plan, target: Target | None = None, *, phase: str = "decode",
@@ -69,105 +74,129 @@ def simulate(program: Program | Plan, target: Target | None = None, *, phase: st
         program = program.programs[phase]
     if target is None:
         raise ValueError("simulate needs the target of a bare program")
-    streams = {c: program.streams[c] for c in sorted(program.streams)}
-    pc = dict.fromkeys(streams, 0)
-    events: dict[str, float] = {}  # event (a loaded buffer, a signal) -> when it fired
-    arrivals: dict[tuple[str, int, int], float] = {}  # (value, src, dst) -> arrival
-    waiting: dict[object, list[int]] = {}  # key a stream blocks on -> streams
-    lpddr_free = [0.0] * target.cards
-    link_free: dict[tuple[int, int], float] = {}
-    spans: list[Span] = []
-    busy: dict[str, float] = {}
-    held = {c: sum(b.bytes for b in program.buffers.values() if b.kind != "staging" and b.chiplet == c) for c in streams}
-    samples: dict[int, list[tuple[float, int]]] = {c: [(0.0, held[c])] for c in streams}
-    sram_bw = target.chiplet.sram_bytes_per_s
+    simulator = _Simulator(program, target, record)
+    simulator.run()
+    end = max([simulator.end_s, *simulator.channel_free, *simulator.link_free.values()])
+    return Timeline(end, simulator.spans, simulator.samples, simulator.busy)
 
-    def span(track: str, kind: str, name: str, start: float, end: float) -> None:
+
+class _Simulator(StreamInterpreter):
+    def __init__(self, program: Program, target: Target, record: bool) -> None:
+        super().__init__(program)
+        self.target, self.record = target, record
+        self.channel_free = [0.0] * target.num_channels
+        self.channel_tracks = [f"lpddr channel {h}" for h in range(target.num_channels)]
+        self.link_free: dict[tuple[int, int], float] = {}
+        self.pcie_free = [0.0] * target.cards
+        self.spans: list[Span] = []
+        self.busy: dict[str, float] = {}
+        held = held_bytes(program)
+        self.held = {c: held.get(c, 0) for c in self.streams}
+        self.links: dict[tuple[int, int], tuple[LinkLevel, tuple[int, int], str]] = {}
+        self.samples: dict[int, list[tuple[float, int]]] = {c: [(0.0, self.held[c])] for c in self.streams}
+        self.tracks = {c: f"chiplet {c}" for c in self.streams}
+        self.busy.update(dict.fromkeys(self.tracks.values(), 0.0))
+
+    def span(self, track: str, kind: str, name: str, start: float, end: float) -> None:
         if kind != "wait":
-            busy[track] = busy.get(track, 0.0) + (end - start)
-        if record:
-            spans.append(Span(track, kind, name, start, end))
+            self.busy[track] = self.busy.get(track, 0.0) + (end - start)
+        if self.record:
+            self.spans.append(Span(track, kind, name, start, end))
 
-    queue = [(0.0, c) for c in streams]
-    heapq.heapify(queue)
-    parked: dict[int, float] = {}  # a blocked stream -> its clock when it blocked
-    finished = 0
-    end_time = 0.0
+    def deadlock(self, blocked: dict[int, int]) -> Exception:
+        stuck = {c: f"step {step}: {format_instr(self.streams[c][step])}" for c, step in blocked.items()}
+        return SimulationError(f"deadlock: streams blocked forever: {stuck}")
 
-    def wake(key: object, when: float) -> None:
-        for s in waiting.pop(key, []):
-            heapq.heappush(queue, (max(when, parked.pop(s)), s))
+    # -- the hooks ------------------------------------------------------------------------
 
-    while queue:
-        now, c = heapq.heappop(queue)
-        stream = streams[c]
-        track = f"chiplet {c}"
-        blocked = False
-        while pc[c] < len(stream):
-            ins = stream[pc[c]]
-            op = ins.op
-            if op in ("load", "send", "signal") and queue and queue[0][0] < now:
-                # A shared resource is claimed in time order: let streams behind this clock go first.
-                heapq.heappush(queue, (now, c))
-                blocked = True
-                break
-            if op == "compute":
-                seconds = max(ins["flops"] / target.flops_per_s(ins["kind"]), ins["bytes"] / sram_bw) \
-                    + ins["fixed_ns"] * 1e-9
-                if seconds > 0:
-                    span(track, "compute", ins["node"] + (f" [{ins['part']}]" if ins["part"] else ""), now, now + seconds)
-                now += seconds
-            elif op == "load":
-                card = ins["card"]
-                start = max(now, lpddr_free[card])
-                done = start + ins["bytes"] / target.lpddr_bytes_per_s_per_card
-                lpddr_free[card] = done
-                span(f"lpddr card {card}", "load", f"{ins['buf']} -> chiplet {c}", start, done)
-                events[ins["buf"]] = done
-                held[c] += program.buffers[ins["buf"]].bytes
-                samples[c].append((now, held[c]))
-            elif op in ("wait", "recv"):
-                key: object
-                if op == "wait":
-                    key, when = ins["event"], events.get(ins["event"])
-                else:
-                    key = (ins["value"], ins["src"], c)
-                    when = arrivals.get(key)  # type: ignore[call-overload]
-                if when is None:
-                    waiting.setdefault(key, []).append(c)
-                    parked[c] = now
-                    blocked = True
-                    break
-                if when > now:
-                    span(track, "wait", ins["event"] if op == "wait" else f"recv {ins['value']}", now, when)
-                    now = when
-            elif op == "signal":
-                events[ins["event"]] = now
-                wake(ins["event"], now)
-            elif op == "send":
-                dst = ins["to"]
-                level, resource = _link(target, c, dst)
-                link = target.links[level]
-                start = max(now, link_free.get(resource, 0.0))
-                busy_until = start + ins["bytes"] / link.bytes_per_s
-                link_free[resource] = busy_until
-                span(f"link {link.name} {resource[1]}", "send", f"{ins['value']} {c}->{dst}", start, busy_until)
-                arrival = (ins["value"], c, dst)
-                arrivals[arrival] = busy_until + link.latency_s
-                wake(arrival, arrivals[arrival])
-            elif op == "free":
-                held[c] -= program.buffers[ins["buf"]].bytes
-                samples[c].append((now, held[c]))
-            pc[c] += 1
-        if not blocked:
-            finished += 1
-            end_time = max(end_time, now)
-    if finished != len(streams):
-        stuck = {c: f"step {pc[c]}: {streams[c][pc[c]].op} {streams[c][pc[c]].operand}"
-                 for c in streams if pc[c] < len(streams[c])}
-        raise SimulationError(f"deadlock: streams blocked forever: {stuck}")
-    end_time = max([end_time, *lpddr_free, *(t + 0.0 for t in link_free.values())])
-    return Timeline(end_time, spans, samples, busy)
+    def on_compute(self, c: int, step: int, ins: Compute, now: float) -> float:
+        t = self.target
+        seconds = max(ins.flops / t.flops_per_s(ins.kind), ins.bytes / t.chiplet.sram_bytes_per_s) \
+            + ins.vector_bytes / t.chiplet.vector_bytes_per_s + (t.per_layer_latency_s if ins.layer_latency else 0.0)
+        if seconds > 0:
+            track = self.tracks[c]
+            self.busy[track] += seconds
+            if self.record:
+                self.spans.append(Span(track, "compute", ins.node + (f" [{ins.part}]" if ins.part else ""), now,
+                                       now + seconds))
+        return now + seconds
+
+    def _channel(self, channel: int, chiplet: int, nbytes: int, now: float, kind: str, name: str) -> float:
+        """Move `nbytes` between `channel` and `chiplet`'s SRAM from `now`: when it is done."""
+        t = self.target
+        start = max(now, self.channel_free[channel])
+        done = start + nbytes / t.channel_bytes_per_s
+        self.channel_free[channel] = done
+        self.span(self.channel_tracks[channel], kind, name, start, done)
+        if t.channel_of(chiplet) == channel:
+            return done
+        link, resource, track = self.link(t.chiplets_of_channel(channel)[0], chiplet)
+        link_start = max(start, self.link_free.get(resource, 0.0))
+        link_done = max(link_start + link.occupancy_s(nbytes), done)
+        self.link_free[resource] = link_done
+        self.span(track, kind, name, link_start, link_done)
+        return link_done + link.latency_s
+
+    def on_load(self, c: int, step: int, ins: Load, now: float) -> float:
+        landed = self._channel(ins.channel, c, ins.bytes, now, "load", f"{ins.buf} -> chiplet {c}" if self.record else "")
+        self.fire(ins.buf, landed)
+        self.held[c] += self.program.buffers[ins.buf].bytes
+        self.samples[c].append((now, self.held[c]))
+        return now
+
+    def on_store(self, c: int, step: int, ins: Store, now: float) -> float:
+        self._channel(ins.channel, c, ins.bytes, now, "store", f"{ins.what} <- chiplet {c}")
+        return now
+
+    def on_wait(self, c: int, step: int, ins: Wait, now: float) -> float | None:
+        when = self.await_key(c, ins.event, now)
+        if self.record and when is not BLOCKED and when > now:
+            self.span(self.tracks[c], "wait", ins.event, now, when)
+        return when
+
+    def on_recv(self, c: int, step: int, ins: Recv, now: float) -> float | None:
+        when = self.await_key(c, (ins.value, ins.src, c), now)
+        if self.record and when is not BLOCKED and when > now:
+            self.span(self.tracks[c], "wait", f"recv {ins.value}", now, when)
+        return when
+
+    def on_signal(self, c: int, step: int, ins: Signal, now: float) -> float:
+        self.fire(ins.event, now)
+        return now
+
+    def link(self, a: int, b: int) -> tuple[LinkLevel, tuple[int, int], str]:
+        """The link level chiplets a and b talk over, the resource that carries it, and its track."""
+        found = self.links.get((a, b))
+        if found is None:
+            level, resource = _link(self.target, a, b)
+            link = self.target.links[level]
+            found = self.links[(a, b)] = (link, resource, f"link {link.name} {resource[1]}")
+        return found
+
+    def on_send(self, c: int, step: int, ins: Send, now: float) -> float:
+        link, resource, track = self.link(c, ins.to)
+        start = max(now, self.link_free.get(resource, 0.0))
+        busy_until = start + link.occupancy_s(ins.bytes)
+        self.link_free[resource] = busy_until
+        self.span(track, "send", f"{ins.value} {c}->{ins.to}" if self.record else "", start, busy_until)
+        self.fire((ins.value, c, ins.to), busy_until + link.latency_s)
+        return now
+
+    def on_free(self, c: int, step: int, ins: Free, now: float) -> float:
+        self.held[c] -= self.program.buffers[ins.buf].bytes
+        self.samples[c].append((now, self.held[c]))
+        return now
+
+    def on_host(self, c: int, step: int, ins: Host, now: float) -> float:
+        t = self.target
+        card = t.card_of(c)
+        start = max(now, self.pcie_free[card])
+        sent = start + ins.bytes / t.pcie_bytes_per_s_per_card
+        self.pcie_free[card] = sent
+        back = sent + 2 * t.pcie_latency_s + t.host.per_token_s  # out, sample, the token back in
+        self.span(f"pcie card {card}", "host", f"{ins.value} -> host", start, sent)
+        self.span(f"chiplet {c}", "wait", f"host round trip ({ins.value})", now, back)
+        return back
 
 
 def _link(target: Target, a: int, b: int) -> tuple[int, tuple[int, int]]:

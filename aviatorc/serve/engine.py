@@ -38,8 +38,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from aviatorc.backends.contract import Precedence
 from aviatorc.errors import AviatorError, OptionError
-from aviatorc.runtime.precedence import Precedence
 from aviatorc.runtime.sampling import check_sampling, sample
 
 POLICIES = ("fcfs", "priority")

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from aviatorc.errors import OptionError
 
 if TYPE_CHECKING:
+    from aviatorc.plan.plan import Plan
     from aviatorc.runtime import Session
     from aviatorc.serve.engine import Engine
     from aviatorc.serve.metrics import Metrics
@@ -126,7 +127,7 @@ def vocabulary(session: Session) -> int | str | None:
     return next((v.type.shape[-1] for v in session.graph.outputs if v.name == name), None)
 
 
-def predicted_speedup(acceptance: float, k: int, target_plan: dict[str, Any], draft_plan: dict[str, Any]) -> float:
+def predicted_speedup(acceptance: float, k: int, target_plan: Plan, draft_plan: Plan) -> float:
     """Tokens per second with speculation over tokens per second without, on the plan's target.
 
     With a per-token acceptance rate a, a turn hands out E = (1 - a^(k+1)) / (1 - a) tokens per
@@ -137,22 +138,21 @@ def predicted_speedup(acceptance: float, k: int, target_plan: dict[str, Any], dr
     that fits). That point also reads the KV cache k+1 times where a verify reads it once: an
     overestimate of the verify step, so the speedup is a low one.
     """
-    batch = int(target_plan["workload"]["batch"])
-    step_s = float(target_plan["prediction"]["time_per_token_s"])
-    draft_s = float(draft_plan["prediction"]["time_per_token_s"])
+    batch = target_plan.workload.batch
+    step_s = target_plan.prediction.time_per_token_s
+    draft_s = draft_plan.prediction.time_per_token_s
     verify_s = _step_at(target_plan, batch * (k + 1)) or step_s * (k + 1)
     a = min(max(acceptance, 0.0), 1.0)
     tokens = k + 1 if a == 1.0 else (1 - a ** (k + 1)) / (1 - a)
     return tokens * step_s / (k * draft_s + verify_s)
 
 
-def _step_at(plan: dict[str, Any], batch: int) -> float | None:
+def _step_at(plan: Plan, batch: int) -> float | None:
     """The decode step at `batch` from the plan's sweep (at its compiled context): linear between
     the swept batches, and past the last one that fits, along the line through the last two."""
-    context = plan["workload"]["context"]
-    swept = {p["batch"]: p["time_per_token_s"] for p in plan["prediction"].get("sweep", [])
-             if p.get("fits") and p["context"] == context}
-    swept[plan["workload"]["batch"]] = plan["prediction"]["time_per_token_s"]  # the compiled point itself
+    context = plan.workload.context
+    swept = {p.batch: p.time_per_token_s for p in plan.prediction.sweep if p.fits and p.context == context}
+    swept[plan.workload.batch] = plan.prediction.time_per_token_s  # the compiled point itself
     points = sorted(swept.items())
     if batch <= points[-1][0]:
         return float(np.interp(batch, [b for b, _ in points], [s for _, s in points]))

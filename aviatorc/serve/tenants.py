@@ -52,7 +52,7 @@ class ServedModel:
 
 def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Registry) -> dict[str, ServedModel]:
     """Open every artifact (each must be able to generate), check that the tenants are isolated."""
-    from aviatorc.runtime.text import load_tokenizer
+    from aviatorc.runtime.text import load_tokenizer, source_tokenizer
     from aviatorc.serve.speculative import Speculator
 
     if not specs:
@@ -68,8 +68,8 @@ def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Regist
         name = spec.name or Path(spec.artifact).resolve().name.removesuffix(".avc")
         if name in models:
             raise OptionError(f"two models are named '{name}'", hint="name them with --served-model-name")
-        chiplets = frozenset(int(c) for c in session.artifact.plan["chiplets"])
-        target = session.artifact.plan["target"]["name"]
+        chiplets = frozenset(session.artifact.plan.chiplets)
+        target = session.artifact.plan.target_name
         for other in models.values():
             if targets[other.name] != target:
                 raise OptionError(f"'{name}' was compiled for target '{target}' but '{other.name}' for "
@@ -84,14 +84,16 @@ def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Regist
         speculator = None
         if options.draft is not None and index == 0:
             draft = Session(options.draft)
-            if draft.artifact.plan["target"]["name"] != target:
-                raise OptionError(f"the draft was compiled for target '{draft.artifact.plan['target']['name']}' but "
+            if draft.artifact.plan.target_name != target:
+                raise OptionError(f"the draft was compiled for target '{draft.artifact.plan.target_name}' but "
                                   f"'{name}' for '{target}'", file=options.draft, hint="compile both for one target")
             speculator = Speculator(draft, session, options.num_speculative_tokens, metrics)
-            drafts_chiplets = frozenset(int(c) for c in draft.artifact.plan["chiplets"])
+            drafts_chiplets = frozenset(draft.artifact.plan.chiplets)
         engine = Engine(session, max_num_seqs=options.max_num_seqs, policy=options.policy, max_queue=options.max_queue,
                         request_timeout_s=options.request_timeout_s, observer=metrics, speculator=speculator)
-        tokenizer = load_tokenizer(spec.tokenizer) if spec.tokenizer else None
+        # Given, else the artifact's source's own (a GGUF file carries its tokenizer and chat template).
+        source = spec.tokenizer or source_tokenizer(session.graph)
+        tokenizer = load_tokenizer(source) if source else None
         created = int(Path(spec.artifact).stat().st_mtime)
         models[name] = ServedModel(name, session, tokenizer, engine, metrics, chiplets, created)
         targets[name] = target

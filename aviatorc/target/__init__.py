@@ -49,15 +49,18 @@ def cli_list() -> str:
     return "\n".join(lines)
 
 
-def cli_show(name: str, cards: int | None = None, resolved: bool = False) -> str:
-    """The target's TOML: the file as written, or (`resolved`) every field after extends/--cards."""
-    target = load_target(name, cards=cards)
-    if not resolved and cards is None:
+def cli_show(name: str | Target, cards: int | None = None, resolved: bool = False,
+             overrides: dict[str, object] | None = None) -> str:
+    """The target's TOML: the file as written, or (`resolved`, or a `Target`, or with --cards or
+    overrides) every field after extends, --cards and the overrides."""
+    target = load_target(name, cards=cards, overrides=overrides)
+    if not resolved and cards is None and not overrides and not isinstance(name, Target):
         with open(target.source, encoding="utf-8") as handle:
             return f"# {target.source}\n" + handle.read()
     summary = target.summary()
     header = [f"# {target.name} resolved from {target.source}"]
     header += [f"# {key}: {_bytes(v) if 'bytes' in key and 'per_s' not in key else v}" for key, v in summary.items()]
     if target.assumed:
-        header.append(f"# assumptions (override them): {', '.join(target.assumed)}")
+        header.append("# assumed figures (override them; [assumed] gives each one's range): "
+                      f"{', '.join(a.key for a in target.assumed)}")
     return "\n".join(header) + "\n" + target.to_toml()

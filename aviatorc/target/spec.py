@@ -12,21 +12,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 LINK_LEVELS = ("die_to_die", "package_to_package", "card_to_card")
+# Where a card's LPDDR attaches: each chiplet has its own channel (Corsair: 32 GB per chiplet), or
+# one channel per package, or one per card (a pooled memory every chiplet of the card shares).
+LPDDR_ATTACH = ("chiplet", "package", "card")
 
 
 @dataclass(frozen=True)
 class LinkLevel:
-    """One level of the interconnect: chiplets that first differ at this level talk over it."""
+    """One level of the interconnect: chiplets that first differ at this level talk over it.
+
+    A message occupies its link for `message_s + bytes / bytes_per_s` (the fixed part: setting up
+    the transfer, which no other message overlaps) and arrives `latency_s` after that."""
 
     name: str
     bytes_per_s: float
     latency_s: float
+    message_s: float = 0.0
+
+    def occupancy_s(self, nbytes: float) -> float:
+        """How long one message of `nbytes` keeps a link of this level busy."""
+        return self.message_s + nbytes / self.bytes_per_s
 
     def transfer_s(self, nbytes: float) -> float:
-        """Time to move `nbytes` across one link of this level."""
-        return self.latency_s + nbytes / self.bytes_per_s
+        """Time from sending `nbytes` across one link of this level to its arrival."""
+        return self.occupancy_s(nbytes) + self.latency_s
 
 
 @dataclass(frozen=True)
@@ -36,6 +47,24 @@ class ChipletSpec:
     mxint4_flops_per_s: float
     mxint8_flops_per_s: float
     mxint16_flops_per_s: float
+    vector_bytes_per_s: float  # the vector units (norms, softmax, rotary, activations): bytes in and out
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """The server's host: its per-token work and the storage the weights come from at a cold start."""
+
+    per_token_s: float  # sampling and the runtime's bookkeeping for one decode step
+    storage_bytes_per_s: float  # reading the weights from disk
+
+
+@dataclass(frozen=True)
+class Assumption:
+    """A figure the vendor does not publish: its dotted key and the range it may take."""
+
+    key: str
+    low: float
+    high: float
 
 
 @dataclass(frozen=True)
@@ -51,7 +80,10 @@ class Target:
     cards: int
     lpddr_bytes_per_card: int
     lpddr_bytes_per_s_per_card: float
+    lpddr_attach: str  # one of LPDDR_ATTACH: the card's LPDDR is split evenly over its channels
     pcie_bytes_per_s_per_card: float
+    pcie_latency_s: float  # one crossing between host and card
+    host: HostSpec
     links: tuple[LinkLevel, ...]  # innermost first: die_to_die, package_to_package, card_to_card
     matrix_unit_k: int
     matrix_unit_n: int
@@ -59,7 +91,7 @@ class Target:
     per_layer_latency_s: float
     activation_reserve_fraction: float
     activation_bytes_per_element: int
-    assumed: tuple[str, ...] = ()
+    assumed: tuple[Assumption, ...] = ()
     schema_version: int = SCHEMA_VERSION
 
     # -- the hierarchy --------------------------------------------------------------------
@@ -81,6 +113,47 @@ class Target:
 
     def card_of(self, chiplet: int) -> int:
         return chiplet // self.chiplets_per_card
+
+    # -- LPDDR channels -------------------------------------------------------------------
+
+    @property
+    def chiplets_per_channel(self) -> int:
+        """The chiplets one LPDDR channel attaches to (its group: loads inside it cross no link)."""
+        return {"chiplet": 1, "package": self.chiplets_per_package, "card": self.chiplets_per_card}[self.lpddr_attach]
+
+    @property
+    def channels_per_card(self) -> int:
+        return self.chiplets_per_card // self.chiplets_per_channel
+
+    @property
+    def num_channels(self) -> int:
+        return self.channels_per_card * self.cards
+
+    @property
+    def channel_bytes_per_s(self) -> float:
+        return self.lpddr_bytes_per_s_per_card / self.channels_per_card
+
+    @property
+    def channel_bytes(self) -> int:
+        return self.lpddr_bytes_per_card // self.channels_per_card
+
+    def channel_of(self, chiplet: int) -> int:
+        """The channel attached to `chiplet`'s group."""
+        return chiplet // self.chiplets_per_channel
+
+    def chiplets_of_channel(self, channel: int) -> range:
+        """The chiplets channel `channel` attaches to."""
+        first = channel * self.chiplets_per_channel
+        return range(first, first + self.chiplets_per_channel)
+
+    def card_of_channel(self, channel: int) -> int:
+        return channel // self.channels_per_card
+
+    def channel_link(self, channel: int, chiplet: int) -> LinkLevel | None:
+        """The link a load from `channel` into `chiplet`'s SRAM crosses (None inside its group)."""
+        if self.channel_of(chiplet) == channel:
+            return None
+        return self.link_between(self.chiplets_of_channel(channel)[0], chiplet)
 
     def link_between(self, a: int, b: int) -> LinkLevel | None:
         """The link level two chiplets talk over (None for the same chiplet)."""
@@ -111,6 +184,9 @@ class Target:
     def lpddr_bytes_total(self) -> int:
         return self.lpddr_bytes_per_card * self.cards
 
+    def assumption(self, key: str) -> Assumption | None:
+        return next((a for a in self.assumed if a.key == key), None)
+
     def flops_per_s(self, format_kind: str) -> float:
         """Per-chiplet peak for weights of a format: 4-bit kinds run as MXINT4, 8-bit as MXINT8,
         16/32-bit floats as MXINT16 (the card has no IEEE FP16 units)."""
@@ -128,23 +204,27 @@ class Target:
             "schema_version": self.schema_version,
             "name": self.name,
             "description": self.description,
-            "assumed": list(self.assumed),
             "chiplet": {
                 "sram_bytes": self.chiplet.sram_bytes,
                 "sram_bytes_per_s": self.chiplet.sram_bytes_per_s,
                 "mxint4_flops_per_s": self.chiplet.mxint4_flops_per_s,
                 "mxint8_flops_per_s": self.chiplet.mxint8_flops_per_s,
                 "mxint16_flops_per_s": self.chiplet.mxint16_flops_per_s,
+                "vector_bytes_per_s": self.chiplet.vector_bytes_per_s,
             },
             "package": {"chiplets": self.chiplets_per_package},
             "card": {
                 "packages": self.packages_per_card,
                 "lpddr_bytes": self.lpddr_bytes_per_card,
                 "lpddr_bytes_per_s": self.lpddr_bytes_per_s_per_card,
+                "lpddr_attach": self.lpddr_attach,
                 "pcie_bytes_per_s": self.pcie_bytes_per_s_per_card,
+                "pcie_latency_s": self.pcie_latency_s,
             },
             "server": {"cards": self.cards},
-            "links": {link.name: {"bytes_per_s": link.bytes_per_s, "latency_s": link.latency_s} for link in self.links},
+            "host": {"per_token_s": self.host.per_token_s, "storage_bytes_per_s": self.host.storage_bytes_per_s},
+            "links": {link.name: {"bytes_per_s": link.bytes_per_s, "latency_s": link.latency_s,
+                                  "message_s": link.message_s} for link in self.links},
             "matrix_unit": {"k": self.matrix_unit_k, "n": self.matrix_unit_n},
             "weights": {"formats": list(self.weight_formats)},
             "runtime": {
@@ -152,6 +232,7 @@ class Target:
                 "activation_reserve_fraction": self.activation_reserve_fraction,
                 "activation_bytes_per_element": self.activation_bytes_per_element,
             },
+            "assumed": {a.key: [a.low, a.high] for a in self.assumed},
         }
 
     def to_toml(self) -> str:
@@ -166,6 +247,7 @@ class Target:
             "usable_sram_bytes_total": self.usable_sram_bytes_total,
             "lpddr_bytes_total": self.lpddr_bytes_total,
             "lpddr_bytes_per_s_total": self.lpddr_bytes_per_s_per_card * self.cards,
+            "lpddr_channels": self.num_channels,
             "sram_bytes_per_s_total": self.chiplet.sram_bytes_per_s * self.num_chiplets,
         }
 
@@ -193,7 +275,8 @@ def dump_toml(data: dict[str, Any]) -> str:
         if prefix and plain:
             lines.append(f"\n[{prefix}]")
         for key, value in plain.items():
-            lines.append(f"{key} = {scalar(value)}")
+            bare = key.replace("_", "").replace("-", "").isalnum()
+            lines.append(f"{key if bare else scalar(key)} = {scalar(value)}")
         for key, value in nested.items():
             table(f"{prefix}.{key}" if prefix else key, value)
 

@@ -24,7 +24,8 @@ from tests.zoo_fixtures import zoo_dir, zoo_onnx  # noqa: F401
 def artifacts(zoo_onnx, tmp_path_factory):  # noqa: F811
     """Artifacts of the tiny Llama by label, each compiled once for the module."""
     tmp = tmp_path_factory.mktemp("artifacts")
-    options = {"int4": {"quant": "int4", "group_size": 32}, "int8": {"quant": "int8"},
+    options = {"int4": {"quant": "int4", "group_size": 32, "symmetric": True}, "int8": {"quant": "int8"},
+               "int4-default": {"quant": "int4", "group_size": 32},  # data-free: fp16 offsets, an int8 head
                "int8-g64": {"quant": "int8", "group_size": 64},
                "mxint4": {"quant": "mxint4", "group_size": 32},
                "sparse": {"quant": "int4", "group_size": 32, "symmetric": False, "sparsity": "2:4"}}
@@ -182,6 +183,37 @@ def test_matmul_nbits_dequantizes_to_the_artifacts_weights(artifacts, tmp_path):
         zero_nibbles = np.stack([zero & 0x0F, zero >> 4], axis=-1).reshape(n, -1)[:, : scale.shape[1]]
         w_nk = (codes - np.repeat(zero_nibbles, block, axis=1)[:, :k]) * np.repeat(scale, block, axis=1)[:, :k]
         np.testing.assert_array_equal(w_nk.T, want[weight_of[node.name]])
+
+
+def test_fp16_offsets_are_float_matmul_nbits_zero_points(artifacts, tmp_path):
+    """code * scale + offset = (code - zero) * scale with a float zero point: read back with the
+    operator's documented formula, each weight is the artifact's up to float rounding (ORT parity:
+    test_onnx_parity)."""
+    want = ir_weights(artifacts("int4-default"))
+    qdq = export(artifacts("int4-default"), tmp_path / "qdq" / "model.onnx")
+    out = export(artifacts("int4-default"), tmp_path / "nbits" / "model.onnx", matmul_nbits=True)
+    assert qdq.formats == out.formats == {"int4-g32-asym-fp16zero": 10, "int8-g32": 1}
+    assert out.matmul_nbits == 11 and not out.notes
+    import onnx
+
+    model = load(out.path)
+    arrays = initializers(model)
+    graph = aviatorc.load(artifacts("int4-default")).graph()
+    weight_of = {n.name: n.inputs[1].name for n in graph.nodes if n.op == "MatMul" and n.inputs[1] is not None}
+    offsets = 0
+    for node in (n for n in model.graph.node if n.op_type == "MatMulNBits"):
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        k, n, block = attrs["K"], attrs["N"], attrs["block_size"]
+        b, scale = arrays[node.input[1]], arrays[node.input[2]]
+        if len(node.input) < 4 or arrays[node.input[3]].dtype != np.float32:
+            continue  # the int8 head
+        offsets += 1
+        zero = arrays[node.input[3]].reshape(n, -1)
+        codes = np.stack([b & 0x0F, b >> 4], axis=-1).reshape(n, -1)[:, :k].astype(np.float32)  # [N, K]
+        w_nk = (codes - np.repeat(zero, block, axis=1)[:, :k]) * np.repeat(scale, block, axis=1)[:, :k]
+        target = want[weight_of[node.name]]
+        np.testing.assert_allclose(w_nk.T, target, rtol=0, atol=1e-6 * float(np.abs(target).max()))
+    assert offsets == 10
 
 
 def test_sparse_weights_are_dense_equivalent_and_say_so(artifacts, tmp_path):

@@ -90,7 +90,8 @@ def test_zoo_export_matches_the_sim_runtime(arch, fmt, zoo_onnx, tmp_path):  # n
 
 @pytest.mark.slow
 @pytest.mark.parametrize("label, options", [
-    ("int4-g32-nbits", {"quant": "int4", "group_size": 32}),
+    ("int4-g32-nbits", {"quant": "int4", "group_size": 32}),  # data-free: fp16 offsets as float zero points
+    ("int4-g32-sym-nbits", {"quant": "int4", "group_size": 32, "symmetric": True}),
     ("mxint4-nbits", {"quant": "mxint4", "group_size": 32}),
     ("int4-g64-asym-nbits", {"quant": "int4", "group_size": 64, "symmetric": False}),
     ("int4-g32-asym-sp24-nbits", {"quant": "int4", "group_size": 32, "symmetric": False, "sparsity": "2:4"}),

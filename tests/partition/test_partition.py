@@ -122,7 +122,7 @@ def test_a_tile_larger_than_any_sram_is_explained():
 
 def test_lpddr_capacity_is_checked():
     specs = weights_from_config(llama_config("llama-3-8b"), WeightFormat("fp16"))  # 16 GB
-    with pytest.raises(InfeasibleError, match="SRAM and LPDDR") as info:
+    with pytest.raises(InfeasibleError, match="SRAM and the 8 LPDDR channel") as info:
         partition(specs, load_target("corsair", overrides={"card.lpddr_bytes": 10_000_000_000}))
     assert "--cards 2" in str(info.value)
 

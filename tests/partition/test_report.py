@@ -98,7 +98,7 @@ def test_a_fully_streamed_layer_costs_its_streaming_and_no_less():
     # then exactly the streaming time; it once went below it (a group could claim the resident
     # tree's "- 1 card" discount without a resident tile).
     specs = weights_from_config(_tiny(1), WeightFormat("int8"), embedding_format=WeightFormat("fp16"))
-    target = load_target("corsair", cards=1)
+    target = load_target("corsair", cards=1, overrides={"card.lpddr_attach": "card"})  # one pooled channel
     problem = make_problem(specs, target)
     tiles = next(t for t in layer_units(problem) if problem.tiles[t[0]].layer == 0)
     free = [0] * problem.num_chiplets

@@ -1,8 +1,9 @@
 """Real plans of the tiny llama for the plan checker and plan IR tests (fixtures: conftest.py).
 
 `CASES` names each plan: the default mock target (everything resident), small SRAM so that
-tiles stream, the KV cache streamed from LPDDR, prefetch off, two cards, and plans confined
-to a subset of the chiplets.
+tiles stream, the KV cache streamed from LPDDR, prefetch off, two cards, plans confined
+to a subset of the chiplets, and LPDDR with one channel per chiplet (the mock target pools one
+channel per card; `corsair` has one per chiplet).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Case:
     chiplets: tuple[int, ...] | None = None  # None: all
     kv: str = "auto"
     prefetch: bool = True
+    lpddr_attach: str | None = None  # None: the mock target's own (one pooled channel per card)
 
 
 CASES: dict[str, Case] = {
@@ -37,6 +39,7 @@ CASES: dict[str, Case] = {
     "two-cards": Case(cards=2, sram_bytes=STREAMING_SRAM_BYTES),
     "subset": Case(chiplets=(0, 1)),
     "subset-streaming": Case(sram_bytes=32768, chiplets=(1, 2)),
+    "chiplet-channels": Case(sram_bytes=STREAMING_SRAM_BYTES, lpddr_attach="chiplet"),
 }
 
 
@@ -47,8 +50,12 @@ class Built:
 
 
 def case_target(case: Case) -> Target:
-    overrides = {"chiplet.sram_bytes": case.sram_bytes} if case.sram_bytes else None
-    return load_target("mock", cards=case.cards, overrides=overrides)
+    overrides: dict[str, object] = {}
+    if case.sram_bytes:
+        overrides["chiplet.sram_bytes"] = case.sram_bytes
+    if case.lpddr_attach:
+        overrides["card.lpddr_attach"] = case.lpddr_attach
+    return load_target("mock", cards=case.cards, overrides=overrides or None)
 
 
 def build(graph: Graph, case: Case) -> Built:

@@ -3,6 +3,8 @@ with, from an unknown version, or pointing outside itself."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import shutil
 import stat
@@ -13,8 +15,11 @@ import pytest
 
 import aviatorc
 from aviatorc.formats import WeightFormat
-from aviatorc.plan.artifact import MANIFEST, ArtifactError
+from aviatorc.plan.artifact import MANIFEST, ArtifactError, to_json_bytes
+from aviatorc.plan.ir import Compute, Load, tile_name
+from aviatorc.plan.plan import Plan
 from aviatorc.quant.tiles import dequantize_packed
+from aviatorc.target import load_target
 from tests.zoo_fixtures import zoo_dir, zoo_onnx  # noqa: F401
 
 
@@ -49,6 +54,54 @@ def test_plan_json_has_no_absolute_paths_or_times(compiled):
     assert str(out) not in text and "/tmp" not in text and "time_s\"" not in text.replace("cold_start", "")
 
 
+@pytest.fixture(scope="module")
+def streamed(zoo_onnx, tmp_path_factory):  # noqa: F811
+    """An artifact whose plan streams weights and the KV cache, on LPDDR with a channel per chiplet."""
+    out = tmp_path_factory.mktemp("streamed")
+    target = load_target("mock", overrides={"card.lpddr_attach": "chiplet", "chiplet.sram_bytes": 16384})
+    (out / "target.toml").write_text(target.to_toml())
+    result = aviatorc.compile(str(zoo_onnx("llama")), target=str(out / "target.toml"), quant="int8", context=64,
+                              prompt=8, kv_cache="lpddr")
+    result.save(out / "s.avc")
+    return out / "s.avc"
+
+
+def _rewritten(plan_json: bytes) -> bytes:
+    return to_json_bytes(Plan.from_dict(json.loads(plan_json)).to_dict(), compact=True)
+
+
+@pytest.mark.parametrize("which", ["resident", "streamed"])
+def test_loading_and_writing_a_plan_again_gives_identical_bytes(compiled, streamed, which):
+    """plan.json read back into the typed Plan and written again: byte for byte the same, by
+    `Plan.from_dict` alone and through `aviatorc.load`."""
+    path = compiled[1] / "a.avc" if which == "resident" else streamed
+    data = (path / "plan.json").read_bytes()
+    assert _rewritten(data) == data
+    art = aviatorc.load(path)
+    assert to_json_bytes(art.plan.to_dict(), compact=True) == data
+    loads = [ins for _, _, ins in art.programs["decode"].instructions() if isinstance(ins, Load)]
+    assert bool(loads) == (which == "streamed")  # the streamed plan exercises loads and channels
+    assert art.plan.target_name == "mock" and b"\n" not in data[:-1] and b'": ' not in data  # compact
+
+
+def test_a_plan_json_written_with_indentation_is_read_and_rewritten_compact(compiled):
+    """The bytes do not depend on how the JSON read was laid out: only on the plan."""
+    data = (compiled[1] / "a.avc" / "plan.json").read_bytes()
+    indented = json.dumps(json.loads(data), indent=2).encode()
+    assert indented != data and _rewritten(indented) == data
+
+
+def test_a_changed_plan_writes_other_bytes(compiled):
+    """The round trip above would hold for a writer that ignored its input: one changed field
+    (the chiplet a tile computes on) must show in the bytes, and round-trip in turn."""
+    data = (compiled[1] / "a.avc" / "plan.json").read_bytes()
+    plan = Plan.from_dict(json.loads(data))
+    plan.tiles = (dataclasses.replace(plan.tiles[0], compute_chiplet=plan.tiles[0].compute_chiplet + 1),
+                  *plan.tiles[1:])
+    changed = to_json_bytes(plan.to_dict(), compact=True)
+    assert changed != data and _rewritten(changed) == changed
+
+
 def test_load_gives_each_tile_its_own_packed_arrays(compiled):
     result, out = compiled
     art = aviatorc.load(out / "a.avc")
@@ -59,8 +112,8 @@ def test_load_gives_each_tile_its_own_packed_arrays(compiled):
     graph = result.graph
     nodes = {n.name: n for n in graph.nodes}
     checked = 0
-    for record in art.plan["tiles"]:
-        node = nodes[record["nodes"][0]]
+    for index, tile in enumerate(art.plan.tiles):
+        node = nodes[tile.nodes[0]]
         if node.op != "MatMul" or node.inputs[1].producer is None or node.inputs[1].producer.op != "DequantizeWeight":
             continue
         deq = node.inputs[1].producer
@@ -70,12 +123,12 @@ def test_load_gives_each_tile_its_own_packed_arrays(compiled):
         k, n = (int(d) for d in deq.outputs[0].type.shape)
         whole = dequantize([v.data.load() if v is not None and v.data is not None else None for v in deq.inputs], fmt,
                            k, n)
-        tid = record["id"]
+        tid = tile_name(index)
         arrays = [art.tensor(f"{tid}.{r}") if f"{tid}.{r}" in art.tensor_names() else None
                   for r in ("values", "scale", "zero", "indices")]
         while arrays and arrays[-1] is None:
             arrays.pop()
-        n0, n1 = record["cols"]
+        n0, n1 = tile.cols
         np.testing.assert_array_equal(dequantize_packed(fmt, arrays, k, n1 - n0), whole[:, n0:n1])
         checked += 1
     assert checked >= 10
@@ -127,14 +180,12 @@ def test_a_file_replaced_by_a_link_is_refused(compiled, tmp_path):
 
 
 def test_a_plan_naming_a_node_the_graph_lacks_is_refused(compiled, tmp_path):
-    import hashlib
-
     art = _copy(compiled, tmp_path)
-    plan = json.loads((art / "plan.json").read_text())
-    stream = next(iter(plan["programs"]["decode"]["streams"].values()))
-    compute = next(item for item in stream if item[0] == "compute")
-    compute[1] = "no_such_node"
-    data = json.dumps(plan).encode()
+    plan = Plan.from_dict(json.loads((art / "plan.json").read_bytes()))
+    stream = next(iter(plan.programs["decode"].streams.values()))
+    step = next(i for i, ins in enumerate(stream) if isinstance(ins, Compute))
+    stream[step] = dataclasses.replace(stream[step], node="no_such_node")
+    data = to_json_bytes(plan.to_dict(), compact=True)
     (art / "plan.json").write_bytes(data)
     manifest = json.loads((art / MANIFEST).read_text())
     manifest["files"]["plan.json"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
@@ -172,15 +223,15 @@ def test_dense_tiles_are_their_slices_of_the_weight(zoo_onnx, tmp_path, arch):  
     art = aviatorc.load(tmp_path / "d.avc")
     nodes = {n.name: n for n in result.graph.nodes}
     kinds = set()
-    for record in art.plan["tiles"]:
-        node = nodes[record["nodes"][-1]]
-        stored = art.tensor(f"{record['id']}.values").astype(np.float32)
-        (k0, k1), (n0, n1) = record["rows"], record["cols"]
+    for index, tile in enumerate(art.plan.tiles):
+        node = nodes[tile.nodes[-1]]
+        stored = art.tensor(f"{tile_name(index)}.values").astype(np.float32)
+        (k0, k1), (n0, n1) = tile.rows, tile.cols
         if node.op == "Gather":
             expected = _logical_weight(node.inputs[0])[k0:k1]
             kinds.add("rows")
         else:
             expected = _logical_weight(node.inputs[1])[:, n0:n1]
-            kinds.add("tied" if record["role"] == "lm_head" and len(record["nodes"]) > 1 else "cols")
+            kinds.add("tied" if tile.role == "lm_head" and len(tile.nodes) > 1 else "cols")
         np.testing.assert_array_equal(stored, expected)
     assert kinds >= {"cols", "rows"}

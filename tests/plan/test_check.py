@@ -1,7 +1,8 @@
 """The plan checker: real plans pass; each way of corrupting one is rejected with its rule and place.
 
 Every negative case starts from a copy of a real plan of the tiny llama (see conftest.py),
-breaks one thing, and asserts the `check` field, the stream and the step, and for several
+breaks one thing (an instruction of a program, or a tile of the plan, through
+`dataclasses.replace`), and asserts the `check` field, the stream and the step, and for several
 the whole message.
 """
 
@@ -11,14 +12,31 @@ import copy
 import dataclasses
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 
 from aviatorc.errors import AviatorError
-from aviatorc.plan.check import CHECKS, PlanCheckError, check_plan, check_program
-from aviatorc.plan.ir import Instr, Program, format_instr, instr
+from aviatorc.plan.check import CHECKS, PlanCheckError, check_plan, check_program, held_bytes
+from aviatorc.plan.ir import (
+    Buffer,
+    Compute,
+    Free,
+    Instruction,
+    Load,
+    Part,
+    Program,
+    Recv,
+    Send,
+    Signal,
+    Store,
+    ValueRef,
+    Wait,
+    format_instr,
+    tile_name,
+)
+from aviatorc.plan.plan import PlannedTile
 from aviatorc.target import Target, load_target
 from tests.plan.plans import CASES, Built
 
@@ -34,8 +52,8 @@ def program_of(built: Built, phase: str = "decode") -> Program:
 
 
 def check(built: Built, program: Program, *, target: Target | None = None, chiplets: Any = None,
-          placement: Any = None) -> None:
-    check_program(program, placement or built.plan.placement, target or built.target,
+          tiles: Sequence[PlannedTile] | None = None) -> None:
+    check_program(program, built.plan.tiles if tiles is None else tiles, target or built.target,
                   chiplets=built.plan.chiplets if chiplets is None else chiplets)
 
 
@@ -45,22 +63,30 @@ def rejected(built: Built, program: Program, **kwargs: Any) -> PlanCheckError:
     return info.value
 
 
-def step_of(program: Program, chiplet: int, op: str, operand: Any = None, *, after: int = -1) -> int:
-    """The first step of stream `chiplet` after `after` with this op (and operand)."""
+def with_tile(built: Built, index: int, **changes: Any) -> tuple[PlannedTile, ...]:
+    """The plan's tiles with tile `index` changed."""
+    tiles = built.plan.tiles
+    return tiles[:index] + (dataclasses.replace(tiles[index], **changes),) + tiles[index + 1:]
+
+
+def another_channel(built: Built, channel: int | None) -> int:
+    """A channel of the plan's target other than `channel`."""
+    return next(h for h in range(built.target.num_channels) if h != channel)
+
+
+def step_of(program: Program, chiplet: int, kind: type[Instruction], operand: Any = None, *, after: int = -1) -> int:
+    """The first step of stream `chiplet` after `after` of this kind (and operand)."""
     for step, ins in enumerate(program.streams[chiplet]):
-        if step > after and ins.op == op and (operand is None or ins.operand == operand):
+        if step > after and isinstance(ins, kind) and (operand is None or ins.operand_value == operand):
             return step
-    raise LookupError(f"no {op} {operand} in stream {chiplet}")
-
-
-def with_args(ins: Instr, **changes: Any) -> Instr:
-    return Instr(ins.op, {**ins.args, **changes})
+    raise LookupError(f"no {kind.op} {operand} in stream {chiplet}")
 
 
 @dataclasses.dataclass(frozen=True)
 class StagedUse:
     chiplet: int
     buffer: str
+    tile: int | None
     load: int
     wait: int
     compute: int
@@ -70,26 +96,27 @@ class StagedUse:
 def first_staged(program: Program, *, weight: bool = True) -> StagedUse:
     """The first staging buffer loaded (a weight tile's, or with weight=False a KV block's)."""
     for c, step, ins in program.instructions():
-        if ins.op != "load" or program.buffers[ins["buf"]].tile.startswith("t") != weight:
+        if not isinstance(ins, Load) or (program.buffers[ins.buf].tile is not None) != weight:
             continue
-        name = ins["buf"]
-        wait = step_of(program, c, "wait", name, after=step)
-        compute = next(s for s, i in enumerate(program.streams[c]) if i.op == "compute" and name in i["bufs"])
-        return StagedUse(c, name, step, wait, compute, step_of(program, c, "free", name, after=compute))
+        name = ins.buf
+        wait = step_of(program, c, Wait, name, after=step)
+        compute = next(s for s, i in enumerate(program.streams[c]) if isinstance(i, Compute) and name in i.bufs)
+        return StagedUse(c, name, program.buffers[name].tile, step, wait, compute,
+                         step_of(program, c, Free, name, after=compute))
     raise LookupError("the plan stages no buffer")
 
 
-def sole_transfer(program: Program) -> tuple[int, int, Instr, int, int]:
+def sole_transfer(program: Program) -> tuple[int, int, Send, int, int]:
     """A send whose value goes to one chiplet only: (src, send step, send, dst, recv step)."""
-    destinations: dict[tuple[str, int], int] = {}
+    destinations: dict[tuple[ValueRef, int], int] = {}
     for c, _, ins in program.instructions():
-        if ins.op == "send":
-            destinations[(ins["value"], c)] = destinations.get((ins["value"], c), 0) + 1
+        if isinstance(ins, Send):
+            destinations[(ins.value, c)] = destinations.get((ins.value, c), 0) + 1
     for c, step, ins in program.instructions():
-        if ins.op == "send" and destinations[(ins["value"], c)] == 1:
-            dst = ins["to"]
+        if isinstance(ins, Send) and destinations[(ins.value, c)] == 1:
+            dst = ins.to
             recv = next(s for s, i in enumerate(program.streams[dst])
-                        if i.op == "recv" and i["value"] == ins["value"] and i["src"] == c)
+                        if isinstance(i, Recv) and i.value == ins.value and i.src == c)
             return c, step, ins, dst, recv
     raise LookupError("no transfer")
 
@@ -103,18 +130,36 @@ def test_real_plans_pass(plan_for: PlanFor, case: str) -> None:
     check_plan(built.plan, built.target)
 
 
-@pytest.mark.parametrize("case", ["streaming", "streaming-kv", "no-prefetch", "two-cards", "subset-streaming"])
+@pytest.mark.parametrize("case", ["streaming", "streaming-kv", "no-prefetch", "two-cards", "subset-streaming",
+                                  "chiplet-channels"])
 def test_streaming_cases_really_stream(plan_for: PlanFor, case: str) -> None:
     """The positive cases above cover staging only if their plans stage something."""
     counts = plan_for(case).plan.programs["decode"].count()
     assert counts.get("load", 0) > 0 and counts["load"] == counts["wait"] == counts["free"]
 
 
+def test_chiplet_channels_case_has_a_channel_per_chiplet(plan_for: PlanFor) -> None:
+    """The per-chiplet-channel case really has several channels, and its loads name one of them
+    (the pooled mock has one): the wrong-channel cases below rest on it."""
+    built = plan_for("chiplet-channels")
+    assert built.target.num_channels == built.target.num_chiplets == 4
+    assert plan_for("streaming").target.num_channels == 1
+    program = built.plan.programs["decode"]
+    loads = [(c, ins) for c, _, ins in program.instructions() if isinstance(ins, Load)]
+    assert loads
+    for _, ins in loads:
+        tile = program.buffers[ins.buf].tile
+        assert tile is not None and ins.channel == built.plan.tiles[tile].channel
+
+
 def test_prefetch_off_loads_just_before_the_wait(plan_for: PlanFor) -> None:
     program = plan_for("no-prefetch").plan.programs["decode"]
+    loads = 0
     for c, step, ins in program.instructions():
-        if ins.op == "load":
-            assert program.streams[c][step + 1] == instr("wait", ins["buf"])
+        if isinstance(ins, Load):
+            assert program.streams[c][step + 1] == Wait(ins.buf)
+            loads += 1
+    assert loads > 0
 
 
 def test_check_plan_is_fast(plan_for: PlanFor) -> None:
@@ -133,15 +178,15 @@ def test_linear_on_a_hundred_thousand_instructions(plan_for: PlanFor) -> None:
     stream = program.streams[use.chiplet]
     load, compute = stream[use.load], stream[use.compute]
     for _ in range(20_000):
-        stream += [load, instr("wait", use.buffer), compute, instr("free", use.buffer)]
+        stream += [load, Wait(use.buffer), compute, Free(use.buffer)]
     a, b = sorted(program.streams)[:2]
     for i in range(10_000):
-        program.streams[a].append(instr("send", f"ping.{i}", to=b, bytes=2))
-        program.streams[b].append(instr("recv", f"ping.{i}", src=a, bytes=2))
+        program.streams[a].append(Send(ValueRef(f"ping.{i}"), to=b, bytes=2))
+        program.streams[b].append(Recv(ValueRef(f"ping.{i}"), src=a, bytes=2))
     assert sum(len(s) for s in program.streams.values()) > 100_000
     start = time.perf_counter()
     check(built, program)
-    assert time.perf_counter() - start < 5.0  # about 0.2 s: a quadratic pass would take minutes
+    assert time.perf_counter() - start < 5.0  # well under a second: a quadratic pass would take minutes
 
 
 def test_error_type_fields_and_context(plan_for: PlanFor) -> None:
@@ -159,6 +204,7 @@ def test_error_type_fields_and_context(plan_for: PlanFor) -> None:
 
 def test_check_names_are_kebab_case() -> None:
     assert all(re.fullmatch(r"[a-z]+(-[a-z]+)*", name) for name in CHECKS)
+    assert "wrong-channel" in CHECKS and "wrong-card" not in CHECKS
     with pytest.raises(ValueError, match="unknown plan check"):
         PlanCheckError("x", check="no-such-rule")
 
@@ -174,7 +220,7 @@ def test_missing_load(plan_for: PlanFor) -> None:
     error = rejected(built, program)
     assert (error.check, error.stream, error.step) == ("missing-load", use.chiplet, use.wait - 1)
     assert str(error) == (f"stream {use.chiplet} step {use.wait - 1}: wait for staging buffer '{use.buffer}' "
-                          "that is never loaded")
+                          "with no live load (it is never loaded)")
 
 
 def test_load_after_its_wait(plan_for: PlanFor) -> None:
@@ -198,13 +244,14 @@ def test_compute_without_load_or_wait(plan_for: PlanFor) -> None:
     del stream[use.load]
     error = rejected(built, program)
     assert (error.check, error.stream, error.step) == ("missing-load", use.chiplet, use.compute - 2)
-    assert "reads staging buffer" in str(error) and str(error).endswith("that is never loaded")
+    assert "reads staging buffer" in str(error) and str(error).endswith("(it is never loaded)")
 
 
 def test_missing_wait(plan_for: PlanFor) -> None:
     built = plan_for("streaming-kv")
     program = program_of(built)
     use = first_staged(program, weight=False)  # a KV block: the rule is the same as for a weight tile
+    assert use.tile is None and program.buffers[use.buffer].layer is not None
     del program.streams[use.chiplet][use.wait]
     error = rejected(built, program)
     assert (error.check, error.stream, error.step) == ("missing-wait", use.chiplet, use.compute - 1)
@@ -218,11 +265,12 @@ def test_use_after_free(plan_for: PlanFor) -> None:
     stream = program.streams[use.chiplet]
     free = stream.pop(use.free)
     stream.insert(use.compute, free)  # the free now comes right before its compute
-    node = stream[use.compute + 1]["node"]
+    compute = stream[use.compute + 1]
+    assert isinstance(compute, Compute)
     error = rejected(built, program)
     assert (error.check, error.stream, error.step) == ("use-after-free", use.chiplet, use.compute + 1)
-    assert str(error) == (f"stream {use.chiplet} step {use.compute + 1}: compute '{node}' reads staging buffer "
-                          f"'{use.buffer}' that was freed at step {use.compute}")
+    assert str(error) == (f"stream {use.chiplet} step {use.compute + 1}: compute '{compute.node}' reads staging "
+                          f"buffer '{use.buffer}' after its free at step {use.compute}")
 
 
 def test_unfreed_buffer(plan_for: PlanFor) -> None:
@@ -262,14 +310,17 @@ def test_load_and_free_of_a_non_staging_buffer(plan_for: PlanFor) -> None:
     use = first_staged(program)
     stream = program.streams[use.chiplet]
     scratch = f"scratch.{use.chiplet}"
-    stream[use.load] = with_args(stream[use.load], buf=scratch)
+    load = stream[use.load]
+    assert isinstance(load, Load)
+    stream[use.load] = dataclasses.replace(load, buf=scratch)
     error = rejected(built, program)
     assert (error.check, error.stream, error.step) == ("not-staging", use.chiplet, use.load)
     assert str(error).endswith(f"load '{scratch}' into a scratch buffer: loads fill staging buffers")
 
     program = program_of(built)
-    program.streams[use.chiplet].insert(0, instr("free", scratch))
-    assert (rejected(built, program).check, rejected(built, program).step) == ("not-staging", 0)
+    program.streams[use.chiplet].insert(0, Free(scratch))
+    error = rejected(built, program)
+    assert (error.check, error.stream, error.step) == ("not-staging", use.chiplet, 0)
 
 
 def test_load_bigger_than_its_buffer(plan_for: PlanFor) -> None:
@@ -277,59 +328,116 @@ def test_load_bigger_than_its_buffer(plan_for: PlanFor) -> None:
     program = program_of(built)
     use = first_staged(program)
     stream = program.streams[use.chiplet]
-    stream[use.load] = with_args(stream[use.load], bytes=stream[use.load]["bytes"] + 1)
+    load = stream[use.load]
+    assert isinstance(load, Load)
+    stream[use.load] = dataclasses.replace(load, bytes=program.buffers[use.buffer].bytes + 1)
     error = rejected(built, program)
     assert (error.check, error.stream, error.step) == ("load-size", use.chiplet, use.load)
 
 
-# -- 1. buffers, cards and chiplets -----------------------------------------------------------
+# -- 1. buffers, channels and chiplets --------------------------------------------------------
 
 
-def test_load_from_a_card_that_does_not_exist(plan_for: PlanFor) -> None:
+def test_load_from_a_channel_that_does_not_exist(plan_for: PlanFor) -> None:
     built = plan_for("streaming-kv")
     program = program_of(built)
     use = first_staged(program, weight=False)
     stream = program.streams[use.chiplet]
-    stream[use.load] = with_args(stream[use.load], card=1)
+    load = stream[use.load]
+    assert isinstance(load, Load)
+    stream[use.load] = dataclasses.replace(load, channel=1)
     error = rejected(built, program)
-    assert (error.check, error.stream, error.step) == ("wrong-card", use.chiplet, use.load)
-    assert str(error) == (f"stream {use.chiplet} step {use.load}: load '{use.buffer}' from card 1 but the target "
-                          "has 1 card(s)")
+    assert (error.check, error.stream, error.step) == ("wrong-channel", use.chiplet, use.load)
+    assert str(error) == (f"stream {use.chiplet} step {use.load}: load '{use.buffer}' from LPDDR channel 1 but the "
+                          "target has 1 channel(s)")
 
 
-def test_load_from_the_wrong_card(plan_for: PlanFor) -> None:
-    built = plan_for("two-cards")
+def test_store_to_a_channel_that_does_not_exist(plan_for: PlanFor) -> None:
+    built = plan_for("streaming-kv")
+    program = program_of(built)
+    c, step, store = next((c, s, i) for c, s, i in program.instructions() if isinstance(i, Store))
+    program.streams[c][step] = dataclasses.replace(store, channel=3)
+    error = rejected(built, program)
+    assert (error.check, error.stream, error.step) == ("wrong-channel", c, step)
+    assert str(error).startswith(f"stream {c} step {step}: store '{store.what}' ")  # (a store goes *to* it)
+    assert str(error).endswith("LPDDR channel 3 but the target has 1 channel(s)")
+
+
+@pytest.mark.parametrize("case", ["two-cards", "chiplet-channels"])
+def test_load_from_the_wrong_channel(plan_for: PlanFor, case: str) -> None:
+    """A load naming a channel the target has, but not the one the plan streams its tile from:
+    another card's (two pooled cards) or another chiplet's (LPDDR per chiplet)."""
+    built = plan_for(case)
     program = program_of(built)
     use = first_staged(program)
     stream = program.streams[use.chiplet]
-    card = stream[use.load]["card"]
-    tile = program.buffers[use.buffer].tile
-    stream[use.load] = with_args(stream[use.load], card=1 - card)
+    load = stream[use.load]
+    assert isinstance(load, Load) and use.tile is not None
+    channel = load.channel
+    assert channel == built.plan.tiles[use.tile].channel
+    other = another_channel(built, channel)
+    stream[use.load] = dataclasses.replace(load, channel=other)
     error = rejected(built, program)
-    assert (error.check, error.stream, error.step) == ("wrong-card", use.chiplet, use.load)
-    assert str(error) == (f"stream {use.chiplet} step {use.load}: load '{use.buffer}' streams tile {tile} from "
-                          f"card {1 - card} but the placement streams it from card {card}")
+    assert (error.check, error.stream, error.step) == ("wrong-channel", use.chiplet, use.load)
+    assert str(error) == (f"stream {use.chiplet} step {use.load}: load '{use.buffer}' streams tile "
+                          f"{tile_name(use.tile)} from channel {other} but the plan streams it from channel {channel}")
+
+
+def test_tile_moved_to_another_channel(plan_for: PlanFor) -> None:
+    """The same rule from the plan's side: the program unchanged, the tile's channel moved."""
+    built = plan_for("chiplet-channels")
+    program = program_of(built)
+    use = first_staged(program)
+    assert use.tile is not None
+    channel = built.plan.tiles[use.tile].channel
+    other = another_channel(built, channel)
+    error = rejected(built, program, tiles=with_tile(built, use.tile, channel=other))
+    assert (error.check, error.stream, error.step) == ("wrong-channel", use.chiplet, use.load)
+    assert str(error).endswith(f"from channel {channel} but the plan streams it from channel {other}")
+
+
+def test_load_across_the_link_from_another_chiplets_channel(plan_for: PlanFor) -> None:
+    """A tile streamed from another chiplet's channel (it crosses the link) is a valid plan
+    when the tile and the load agree on the channel: the rule is agreement, not locality."""
+    built = plan_for("chiplet-channels")
+    program = program_of(built)
+    use = first_staged(program)
+    assert use.tile is not None
+    other = another_channel(built, built.plan.tiles[use.tile].channel)
+    for c, step, ins in program.instructions():
+        if isinstance(ins, Load) and ins.buf == use.buffer:
+            program.streams[c][step] = dataclasses.replace(ins, channel=other)
+    check(built, program, tiles=with_tile(built, use.tile, channel=other))
+
+
+def test_tile_streamed_from_a_channel_that_does_not_exist(plan_for: PlanFor) -> None:
+    built = plan_for("streaming")
+    program = program_of(built)
+    use = first_staged(program)
+    assert use.tile is not None
+    error = rejected(built, program, tiles=with_tile(built, use.tile, channel=5))
+    assert (error.check, error.stream, error.step) == ("wrong-channel", None, None)
+    assert str(error) == f"tile {tile_name(use.tile)} streams from LPDDR channel 5 but the target has 1 channel(s)"
 
 
 def test_staging_a_resident_tile(plan_for: PlanFor) -> None:
     built = plan_for("streaming")
     program = program_of(built)
     use = first_staged(program)
-    tile = int(program.buffers[use.buffer].tile[1:])
-    placement = built.plan.placement
-    resident = dataclasses.replace(placement, where=tuple(use.chiplet if t == tile else w
-                                                          for t, w in enumerate(placement.where)))
-    program.add_buffer(dataclasses.replace(program.buffers[use.buffer], name=f"w.t{tile}", kind="resident"))
-    error = rejected(built, program, placement=resident)
-    assert (error.check, error.stream, error.step) == ("wrong-card", use.chiplet, use.load)
-    assert "but the placement keeps it resident on chiplet" in str(error)
+    assert use.tile is not None
+    resident = with_tile(built, use.tile, chiplet=use.chiplet, channel=None)
+    program.add_buffer(dataclasses.replace(program.buffers[use.buffer], name=f"w.{tile_name(use.tile)}",
+                                           kind="resident"))
+    error = rejected(built, program, tiles=resident)
+    assert (error.check, error.stream, error.step) == ("wrong-channel", use.chiplet, use.load)
+    assert str(error).endswith(f"but the plan keeps it resident on chiplet {use.chiplet}")
 
 
 def test_undeclared_buffer(plan_for: PlanFor) -> None:
     built = plan_for("resident")
     program = program_of(built)
-    c, step, ins = next((c, s, i) for c, s, i in program.instructions() if i.op == "compute" and i["bufs"])
-    program.streams[c][step] = with_args(ins, bufs=("w.nowhere",))
+    c, step, ins = next((c, s, i) for c, s, i in program.instructions() if isinstance(i, Compute) and i.bufs)
+    program.streams[c][step] = dataclasses.replace(ins, bufs=("w.nowhere",))
     error = rejected(built, program)
     assert (error.check, error.stream, error.step) == ("undeclared-buffer", c, step)
     assert str(error).endswith("compute names buffer 'w.nowhere' that the program does not declare")
@@ -338,42 +446,40 @@ def test_undeclared_buffer(plan_for: PlanFor) -> None:
 def test_resident_tile_read_on_another_chiplet(plan_for: PlanFor) -> None:
     built = plan_for("resident")
     program = program_of(built)
-    c, _, ins = next((c, s, i) for c, s, i in program.instructions() if i.op == "compute" and i["bufs"]
-                     and program.buffers[i["bufs"][0]].kind == "resident")
+    c, _, ins = next((c, s, i) for c, s, i in program.instructions() if isinstance(i, Compute) and i.bufs
+                     and program.buffers[i.bufs[0]].kind == "resident")
     other = next(o for o in sorted(program.streams) if o != c)
     program.streams[other].append(ins)
     error = rejected(built, program)
     step = len(program.streams[other]) - 1
     assert (error.check, error.stream, error.step) == ("wrong-chiplet", other, step)
-    assert str(error) == (f"stream {other} step {step}: compute names buffer '{ins['bufs'][0]}' of chiplet {c} "
+    assert str(error) == (f"stream {other} step {step}: compute names buffer '{ins.bufs[0]}' of chiplet {c} "
                           f"on chiplet {other}")
 
 
-def test_resident_buffer_where_the_placement_does_not_keep_it(plan_for: PlanFor) -> None:
+def test_resident_buffer_where_the_plan_does_not_keep_it(plan_for: PlanFor) -> None:
     built = plan_for("resident")
     program = program_of(built)
     buffer = next(b for b in program.buffers.values() if b.kind == "resident")
+    assert buffer.tile is not None
     other = next(c for c in sorted(program.streams) if c != buffer.chiplet)
     program.buffers[buffer.name] = dataclasses.replace(buffer, chiplet=other)
     error = rejected(built, program)
     assert (error.check, error.stream, error.step) == ("wrong-chiplet", other, None)
-    assert str(error) == (f"resident buffer '{buffer.name}' holds tile {buffer.tile} on chiplet {other} but the "
-                          f"placement has it resident on chiplet {buffer.chiplet}")
+    assert str(error) == (f"resident buffer '{buffer.name}' holds tile {tile_name(buffer.tile)} on chiplet {other} "
+                          f"but the plan has it resident on chiplet {buffer.chiplet}")
 
 
 def test_staged_tile_computed_off_its_compute_chiplet(plan_for: PlanFor) -> None:
     built = plan_for("streaming")
     program = program_of(built)
     use = first_staged(program)
-    tile = int(program.buffers[use.buffer].tile[1:])
-    placement = built.plan.placement
-    other = next(c for c in built.plan.chiplets if c != use.chiplet)  # one card: any chiplet streams from it
-    moved = dataclasses.replace(placement, compute_chiplet=tuple(other if t == tile else c
-                                                                 for t, c in enumerate(placement.compute_chiplet)))
-    error = rejected(built, program, placement=moved)
+    assert use.tile is not None
+    other = next(c for c in built.plan.chiplets if c != use.chiplet)  # one pooled channel: any chiplet streams
+    error = rejected(built, program, tiles=with_tile(built, use.tile, compute_chiplet=other))
     assert (error.check, error.stream, error.step) == ("wrong-chiplet", use.chiplet, use.load)
-    assert str(error).endswith(f"load uses tile t{tile} (buffer '{use.buffer}') on chiplet {use.chiplet} but it "
-                               f"computes on chiplet {other}")
+    assert str(error).endswith(f"load uses tile {tile_name(use.tile)} (buffer '{use.buffer}') on chiplet "
+                               f"{use.chiplet} but it computes on chiplet {other}")
 
 
 def test_missing_resident_buffer(plan_for: PlanFor) -> None:
@@ -389,20 +495,23 @@ def test_buffer_of_an_unknown_tile(plan_for: PlanFor) -> None:
     built = plan_for("streaming")
     program = program_of(built)
     use = first_staged(program)
-    program.buffers[use.buffer] = dataclasses.replace(program.buffers[use.buffer], tile="t9999")
+    program.buffers[use.buffer] = dataclasses.replace(program.buffers[use.buffer], tile=9999)
     error = rejected(built, program)
     assert (error.check, error.stream) == ("unknown-tile", use.chiplet)
+    assert str(error) == (f"buffer '{use.buffer}' holds tile t9999 but the plan has tiles "
+                          f"t0..t{len(built.plan.tiles) - 1}")
 
 
 # -- 3. capacity ------------------------------------------------------------------------------
 
 
-def held_bytes(program: Program) -> dict[int, int]:
-    held: dict[int, int] = {}
+def test_held_bytes_counts_everything_but_staging(plan_for: PlanFor) -> None:
+    program = plan_for("streaming-kv").plan.programs["decode"]
+    by_hand: dict[int, int] = {}
     for b in program.buffers.values():
-        if b.kind != "staging":
-            held[b.chiplet] = held.get(b.chiplet, 0) + b.bytes
-    return held
+        if b.kind in ("resident", "kv", "scratch"):
+            by_hand[b.chiplet] = by_hand.get(b.chiplet, 0) + b.bytes
+    assert held_bytes(program) == by_hand
 
 
 def test_over_capacity_with_less_sram(plan_for: PlanFor) -> None:
@@ -425,7 +534,9 @@ def test_over_capacity_with_a_larger_staging_buffer(plan_for: PlanFor) -> None:
     sram = built.target.chiplet.sram_bytes
     program.buffers[use.buffer] = dataclasses.replace(program.buffers[use.buffer], bytes=sram)
     stream = program.streams[use.chiplet]
-    stream[use.load] = with_args(stream[use.load], bytes=sram)
+    load = stream[use.load]
+    assert isinstance(load, Load)
+    stream[use.load] = dataclasses.replace(load, bytes=sram)
     error = rejected(built, program)
     assert (error.check, error.stream, error.step) == ("over-capacity", use.chiplet, use.load)
     assert str(error).startswith(f"stream {use.chiplet} step {use.load}: load '{use.buffer}' ({sram:,} bytes) "
@@ -443,9 +554,9 @@ def test_staging_within_capacity_is_counted_from_load_to_free(plan_for: PlanFor)
     for c, stream in program.streams.items():
         live = 0
         for step, ins in enumerate(stream):
-            if ins.op in ("load", "free"):
-                live += program.buffers[ins.operand].bytes * (1 if ins.op == "load" else -1)
-                if ins.op == "load" and held.get(c, 0) + live > peaks.get(c, (0, 0))[0]:
+            if isinstance(ins, Load | Free):
+                live += program.buffers[ins.buf].bytes * (1 if isinstance(ins, Load) else -1)
+                if isinstance(ins, Load) and held.get(c, 0) + live > peaks.get(c, (0, 0))[0]:
                     peaks[c] = (held.get(c, 0) + live, step)
     sram = max(p for p, _ in peaks.values())
     assert sram > max(held.values()), "staging should set this plan's peak"
@@ -465,24 +576,41 @@ def test_unmatched_recv(plan_for: PlanFor) -> None:
     del program.streams[src][send_step]
     error = rejected(built, program)
     assert (error.check, error.stream, error.step) == ("unmatched-recv", dst, recv_step)
-    assert str(error) == (f"stream {dst} step {recv_step}: recv '{send['value']}' src={src} bytes={send['bytes']} "
+    assert str(error) == (f"stream {dst} step {recv_step}: recv '{send.value}' src={src} bytes={send.bytes} "
                           f"has no matching send: stream {src} never sends it")
+
+
+def test_recv_of_another_part(plan_for: PlanFor) -> None:
+    """A value and a part of it are different transfers: a recv of the whole value does not
+    match a send of its columns (and the other way round)."""
+    built = plan_for("resident")
+    program = program_of(built)
+    src, send_step, send, dst, recv_step = sole_transfer(program)
+    recv = program.streams[dst][recv_step]
+    assert isinstance(recv, Recv)
+    other = ValueRef(send.value.name, None if send.value.part is not None else Part.of("cols", 0, 1))
+    program.streams[dst][recv_step] = dataclasses.replace(recv, value=other)
+    error = rejected(built, program)
+    assert (error.check, error.stream, error.step) == ("unmatched-recv", dst, recv_step)
+    assert str(error).startswith(f"stream {dst} step {recv_step}: recv '{other}' src={src}")
 
 
 def test_recv_of_other_bytes(plan_for: PlanFor) -> None:
     built = plan_for("resident")
     program = program_of(built)
     src, send_step, send, dst, recv_step = sole_transfer(program)
-    program.streams[dst][recv_step] = with_args(program.streams[dst][recv_step], bytes=send["bytes"] + 1)
+    recv = program.streams[dst][recv_step]
+    assert isinstance(recv, Recv)
+    program.streams[dst][recv_step] = dataclasses.replace(recv, bytes=send.bytes + 1)
     error = rejected(built, program)
     assert (error.check, error.stream, error.step) == ("unmatched-recv", dst, recv_step)
-    assert str(error).endswith(f"but stream {src} sends it with bytes={send['bytes']} (step {send_step})")
+    assert str(error).endswith(f"but stream {src} sends it with bytes={send.bytes} (step {send_step})")
 
 
 def test_unmatched_send(plan_for: PlanFor) -> None:
     built = plan_for("resident")
     program = program_of(built)
-    src, send_step, send, dst, recv_step = sole_transfer(program)
+    src, send_step, _, dst, recv_step = sole_transfer(program)
     del program.streams[dst][recv_step]
     error = rejected(built, program)
     assert (error.check, error.stream, error.step) == ("unmatched-send", src, send_step)
@@ -503,7 +631,7 @@ def test_unmatched_wait(plan_for: PlanFor) -> None:
     built = plan_for("resident")
     program = program_of(built)
     c = min(program.streams)
-    program.streams[c].insert(0, instr("wait", "ghost"))
+    program.streams[c].insert(0, Wait("ghost"))
     error = rejected(built, program)
     assert (error.check, error.stream, error.step) == ("unmatched-wait", c, 0)
     assert str(error) == (f"stream {c} step 0: wait 'ghost' can never fire: no stream signals it and it is not a "
@@ -515,9 +643,9 @@ def test_wait_on_another_streams_load(plan_for: PlanFor) -> None:
     program = program_of(built)
     use = first_staged(program)
     other = next(c for c in sorted(program.streams) if c != use.chiplet)
-    program.streams[other].append(instr("wait", use.buffer))
+    program.streams[other].append(Wait(use.buffer))
     error = rejected(built, program)
-    assert (error.check, error.stream) == ("unmatched-wait", other)
+    assert (error.check, error.stream, error.step) == ("unmatched-wait", other, len(program.streams[other]) - 1)
     assert "a stream waits only on its own loads" in str(error)
 
 
@@ -525,8 +653,8 @@ def test_signal_and_wait_across_streams(plan_for: PlanFor) -> None:
     built = plan_for("resident")
     program = program_of(built)
     a, b = sorted(program.streams)[:2]
-    program.streams[a].insert(0, instr("signal", "ready"))
-    program.streams[b].insert(0, instr("wait", "ready"))
+    program.streams[a].insert(0, Signal("ready"))
+    program.streams[b].insert(0, Wait("ready"))
     check(built, program)
 
 
@@ -541,15 +669,14 @@ def test_deadlock_two_streams_recv_before_they_send(plan_for: PlanFor) -> None:
     streams = program.streams
     found = None
     for a, i, send in program.instructions():
-        if send.op != "send" or found:
+        if not isinstance(send, Send) or found:
             continue
-        b = send["to"]
-        k = next(s for s, r in enumerate(streams[b]) if r.op == "recv" and r["value"] == send["value"]
-                 and r["src"] == a)
-        back = next((r for r in streams[b][k + 1:] if r.op == "send" and r["to"] == a), None)
+        b = send.to
+        k = next(s for s, r in enumerate(streams[b]) if isinstance(r, Recv) and r.value == send.value and r.src == a)
+        back = next((r for r in streams[b][k + 1:] if isinstance(r, Send) and r.to == a), None)
         if back is not None:
-            j = next(s for s, r in enumerate(streams[a]) if r.op == "recv" and r["value"] == back["value"]
-                     and r["src"] == b)
+            j = next(s for s, r in enumerate(streams[a]) if isinstance(r, Recv) and r.value == back.value
+                     and r.src == b)
             found = (a, i, j, b, k)
     assert found, "the plan has no round trip between two streams"
     a, i, j, b, k = found
@@ -575,8 +702,8 @@ def test_deadlock_on_signals(plan_for: PlanFor) -> None:
     built = plan_for("resident")
     program = program_of(built)
     a, b = sorted(program.streams)[:2]
-    program.streams[a][0:0] = [instr("wait", "e1"), instr("signal", "e2")]
-    program.streams[b][0:0] = [instr("wait", "e2"), instr("signal", "e1")]
+    program.streams[a][0:0] = [Wait("e1"), Signal("e2")]
+    program.streams[b][0:0] = [Wait("e2"), Signal("e1")]
     error = rejected(built, program)
     assert (error.check, error.stream, error.step) == ("deadlock", a, 0)
     assert str(error).startswith(f"stream {a} step 0: deadlock: stream {a} at step 0 (wait e1) waits on stream {b}, "
@@ -589,23 +716,18 @@ def test_deadlock_on_signals(plan_for: PlanFor) -> None:
 def test_tile_outside_the_allowed_chiplets(plan_for: PlanFor) -> None:
     built = plan_for("subset")
     assert built.plan.chiplets == (0, 1)
-    placement = built.plan.placement
-    tile = next(t for t, w in enumerate(placement.where) if w < placement.num_chiplets)
-    moved = dataclasses.replace(placement, where=tuple(3 if t == tile else w for t, w in enumerate(placement.where)))
-    error = rejected(built, program_of(built), placement=moved)
+    tile = next(t for t, planned in enumerate(built.plan.tiles) if planned.chiplet is not None)
+    error = rejected(built, program_of(built), tiles=with_tile(built, tile, chiplet=3))
     assert (error.check, error.stream, error.step) == ("outside-chiplets", 3, None)
-    assert str(error) == f"tile t{tile} is resident on chiplet 3, outside the allowed chiplets 0, 1"
+    assert str(error) == f"tile {tile_name(tile)} is resident on chiplet 3, outside the allowed chiplets 0, 1"
 
 
 def test_compute_chiplet_outside_the_allowed_chiplets(plan_for: PlanFor) -> None:
     built = plan_for("subset-streaming")
-    placement = built.plan.placement
-    tile = next(t for t, w in enumerate(placement.where) if w >= placement.num_chiplets)
-    moved = dataclasses.replace(placement, compute_chiplet=tuple(
-        0 if t == tile else c for t, c in enumerate(placement.compute_chiplet)))
-    error = rejected(built, program_of(built), placement=moved)
+    tile = next(t for t, planned in enumerate(built.plan.tiles) if planned.streamed)
+    error = rejected(built, program_of(built), tiles=with_tile(built, tile, compute_chiplet=0))
     assert (error.check, error.stream, error.step) == ("outside-chiplets", 0, None)
-    assert str(error) == f"tile t{tile} computes on chiplet 0, outside the allowed chiplets 1, 2"
+    assert str(error) == f"tile {tile_name(tile)} computes on chiplet 0, outside the allowed chiplets 1, 2"
 
 
 def test_plan_checked_against_fewer_chiplets(plan_for: PlanFor) -> None:
@@ -613,6 +735,15 @@ def test_plan_checked_against_fewer_chiplets(plan_for: PlanFor) -> None:
     error = rejected(built, program_of(built), chiplets=(0,))
     assert (error.check, error.stream) == ("outside-chiplets", 1)
     assert "outside the allowed chiplets 0" in str(error)
+
+
+def test_buffer_outside_the_allowed_chiplets(plan_for: PlanFor) -> None:
+    built = plan_for("subset")
+    program = program_of(built)
+    program.add_buffer(Buffer("scratch.3", 3, 8, "scratch"))
+    error = rejected(built, program)
+    assert (error.check, error.stream, error.step) == ("outside-chiplets", 3, None)
+    assert str(error) == "buffer 'scratch.3' lies on chiplet 3, outside the allowed chiplets 0, 1"
 
 
 def test_stream_outside_the_allowed_chiplets(plan_for: PlanFor) -> None:
@@ -627,16 +758,20 @@ def test_stream_outside_the_allowed_chiplets(plan_for: PlanFor) -> None:
 def test_send_outside_the_allowed_chiplets(plan_for: PlanFor) -> None:
     built = plan_for("subset")
     program = program_of(built)
-    src, send_step, send, _, _ = sole_transfer(program)
-    program.streams[src][send_step] = with_args(send, to=3)
+    src, send_step, send, dst, recv_step = sole_transfer(program)
+    program.streams[src][send_step] = dataclasses.replace(send, to=3)
+    del program.streams[dst][recv_step]
     error = rejected(built, program)
     assert (error.check, error.stream, error.step) == ("outside-chiplets", src, send_step)
-    assert str(error).endswith(f"send '{send['value']}' to chiplet 3, outside the allowed chiplets 0, 1")
+    assert str(error).endswith("to chiplet 3, outside the allowed chiplets 0, 1")
 
 
 def test_unknown_chiplet_and_wrong_target(plan_for: PlanFor) -> None:
     built = plan_for("resident")
-    assert rejected(built, program_of(built), chiplets=(0, 1, 2, 3, 4)).check == "unknown-chiplet"
-    error = rejected(built, program_of(built), target=load_target("mock", cards=2))
-    assert error.check == "wrong-target"
-    assert str(error) == "the placement is for 4 chiplets on 1 card(s) but the target 'mock@2cards' has 8 on 2"
+    error = rejected(built, program_of(built), chiplets=(0, 1, 2, 3, 4))
+    assert error.check == "unknown-chiplet"
+    assert str(error) == "allowed chiplet 4 does not exist: the target 'mock' has chiplets 0..3"
+    # Tiles placed for a bigger machine (two cards): a tile computes on chiplet 6 of a one-card target.
+    error = rejected(built, program_of(built), tiles=with_tile(built, 0, compute_chiplet=6))
+    assert (error.check, error.stream, error.step) == ("wrong-target", None, None)
+    assert str(error) == "tile t0 names chiplet 6 but the target 'mock' has chiplets 0..3"

@@ -154,3 +154,27 @@ def test_group_wise_int8_matches_a_numpy_reference_and_beats_per_channel_on_outl
     # Only the outliers' group keeps the coarse step, so the error falls to about sqrt(group / K) of
     # per-channel's (measured 0.320 / 0.465 / 0.652 against 0.327 / 0.462 / 0.653); 10% margin.
     assert err_group < 1.1 * np.sqrt(group / k) * err_channel, (err_group, err_channel)
+
+
+def test_fp16_offsets_hold_a_q4_1_weight_exactly_and_beat_a_zero_point() -> None:
+    """int4 with fp16 offsets (the data-free default): a weight already on llama.cpp's Q4_1 grid (codes 0..15,
+    an fp16 scale and an fp16 offset per 32 rows, both ends of the code range used) comes back bit for bit,
+    where a 4-bit zero point re-rounds it; the stored bytes are the format's."""
+    import numpy as np
+
+    from aviatorc.formats import WeightFormat
+    from aviatorc.quant.rtn import pack_weight
+
+    rng = np.random.default_rng(0)
+    k, n, g = 96, 40, 32
+    d = rng.uniform(0.001, 0.02, (k // g, n)).astype(np.float16).astype(np.float32)
+    m = rng.uniform(-0.2, 0.05, (k // g, n)).astype(np.float16).astype(np.float32)
+    q = rng.integers(0, 16, (k, n)).astype(np.float32)
+    q[::g], q[1::g] = 0, 15  # each group spans the whole code range, as Q4_1's own quantizer makes it
+    w = q * np.repeat(d, g, axis=0) + np.repeat(m, g, axis=0)
+    offset = WeightFormat("int4", g, False, "", "fp16")
+    packed = pack_weight(w, offset)
+    assert packed.nbytes == offset.storage_bytes(k, n) == k * n // 2 + 2 * (k // g) * n * 2
+    np.testing.assert_allclose(packed.dequantize(), w, rtol=0, atol=1e-6)
+    zero_point = pack_weight(w, WeightFormat("int4", g, False)).dequantize()
+    assert np.abs(zero_point - w).max() > 100 * np.abs(packed.dequantize() - w).max()

@@ -22,7 +22,7 @@ import torch
 from aviatorc.backends.cuda import CudaBackend, _Slot
 
 import aviatorc
-from aviatorc.plan.ir import Instr
+from aviatorc.plan.ir import Compute, Free, Load
 from aviatorc.runtime import NotRunnableError, RuntimeFault, Session
 
 # The sim tests' compiles (keys "llama", "llama:stream": 24 KiB per chiplet, so tiles stream; "gpt2:int4").
@@ -69,11 +69,11 @@ def test_the_cpu_debug_device_runs_the_cuda_path_and_gives_the_sims_outputs(key,
         assert set(got) == set(want)
         for name in want:
             np.testing.assert_allclose(got[name], want[name], rtol=0, atol=CPU_ATOL)
-    assert counts.instructions == session.stats.instructions  # the sim's instructions, all of them
+    assert counts.instructions == session.program.count()  # every instruction of the program, once
     figures = counts.extra["cuda"]
     # Every load of a weight tile is a copy (a staged KV chunk is not: the cache is the session's).
-    tiles = [session.program.buffers[ins["buf"]].tile for _, _, ins in session.program.instructions()
-             if ins.op == "load" and session.program.buffers[ins["buf"]].tile in session.weights.tiles]
+    tiles = [session.program.buffers[ins.buf].tile for _, _, ins in session.program.instructions()
+             if isinstance(ins, Load) and session.program.buffers[ins.buf].tile is not None]
     assert figures["copies"] == len(tiles)
     assert figures["device_computes"] > 0 and figures["compute_ms"] > 0
     assert figures["device_computes"] + figures["host_computes"] == counts.instructions["compute"]
@@ -92,14 +92,14 @@ def test_the_pool_reuses_staging_slots_and_never_overlaps_live_ones(compiled):  
         live: dict[str, _Slot] = {}
         staged = 0
         for step, ins in enumerate(stream):
-            if ins.op == "load" and (c, step) in layout.staging:
+            if isinstance(ins, Load) and (c, step) in layout.staging:
                 slot = layout.staging[(c, step)]
                 staged += slot.rows * slot.cols
                 for other in live.values():
                     assert slot.stop <= other.offset or other.stop <= slot.offset, f"chiplet {c} step {step}"
-                live[ins["buf"]] = slot
-            elif ins.op == "free":
-                live.pop(ins["buf"], None)
+                live[ins.buf] = slot
+            elif isinstance(ins, Free):
+                live.pop(ins.buf, None)
         resident = sum(s.rows * s.cols for (chiplet, _), s in layout.resident.items() if chiplet == c)
         assert resident <= layout.per_chiplet[c] <= resident + staged + 64 * len(stream)  # 64: alignment
         staged_total += resident + staged
@@ -109,10 +109,13 @@ def test_the_pool_reuses_staging_slots_and_never_overlaps_live_ones(compiled):  
 
 def test_a_broken_plan_faults_with_the_sims_rule(compiled, tmp_path):  # noqa: F811
     artifact = aviatorc.load(compiled("llama:stream").save(tmp_path / "llama.avc"))
-    stream = next(s for _, s in sorted(artifact.programs["prefill"].streams.items()) if any(i.op == "free" for i in s))
-    j = next(j for j, ins in enumerate(stream) if ins.op == "free")
-    i = max(k for k in range(j) if stream[k].op == "compute" and stream[j]["buf"] in stream[k]["bufs"])
-    free: Instr = stream.pop(j)
+    stream = next(s for _, s in sorted(artifact.programs["prefill"].streams.items())
+                  if any(isinstance(i, Free) for i in s))
+    j = next(j for j, ins in enumerate(stream) if isinstance(ins, Free))
+    freed = stream[j]
+    assert isinstance(freed, Free)
+    i = max(k for k in range(j) if isinstance(stream[k], Compute) and freed.buf in stream[k].bufs)  # type: ignore[union-attr]
+    free = stream.pop(j)
     stream.insert(i, free)  # freed before the compute that reads it
     session = Session(artifact)
     with pytest.raises(RuntimeFault) as info:

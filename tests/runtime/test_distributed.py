@@ -31,7 +31,8 @@ import pytest
 import aviatorc
 from aviatorc import zoo
 from aviatorc.plan.artifact import MANIFEST, to_json_bytes
-from aviatorc.plan.ir import Program
+from aviatorc.plan.ir import Load, Send, Wait
+from aviatorc.plan.plan import Plan
 from aviatorc.runtime import RankFailed, RuntimeFault, Session
 
 PER_CARD = 4  # the mock target's chiplets per card
@@ -60,13 +61,13 @@ def feeds(session: Session, ids: list[int]) -> dict[str, np.ndarray]:
 
 def plan_sends(path: Path, phase: str) -> dict[str, tuple[int, int]]:
     """(messages, bytes) per chiplet edge as the plan's `send` instructions declare them."""
-    program = Program.from_dict(json.loads((path / "plan.json").read_text())["programs"][phase])
+    program = Plan.from_dict(json.loads((path / "plan.json").read_text())).programs[phase]
     counts: Counter[str] = Counter()
     sizes: Counter[str] = Counter()
     for c, _, ins in program.instructions():
-        if ins.op == "send":
-            counts[f"{c}->{ins['to']}"] += 1
-            sizes[f"{c}->{ins['to']}"] += ins["bytes"]
+        if isinstance(ins, Send):
+            counts[f"{c}->{ins.to}"] += 1
+            sizes[f"{c}->{ins.to}"] += ins.bytes
     return {edge: (counts[edge], sizes[edge]) for edge in counts}
 
 
@@ -138,20 +139,20 @@ def _break_a_card1_load(src: Path, out: Path) -> tuple[int, int]:
     """A copy of the plan with the first load of a card-1 stream removed, hashes made consistent;
     the (stream, step) of the wait that must fault."""
     shutil.copytree(src, out)
-    plan = json.loads((out / "plan.json").read_text())
-    program = Program.from_dict(plan["programs"]["prefill"])
+    plan = Plan.from_dict(json.loads((out / "plan.json").read_text()))
+    program = plan.programs["prefill"]
     for c in sorted(program.streams):
         stream = program.streams[c]
         if c // PER_CARD != 1:
             continue
-        first = next((i for i, ins in enumerate(stream) if ins.op == "load"), None)
+        first = next((i for i, ins in enumerate(stream) if isinstance(ins, Load)), None)
         if first is None:
             continue
-        buf = stream[first]["buf"]
-        wait = next(j for j in range(first, len(stream)) if stream[j].op == "wait" and stream[j]["event"] == buf)
+        load = stream[first]
+        assert isinstance(load, Load)
+        wait = next(j for j in range(first, len(stream)) if stream[j] == Wait(load.buf))
         del stream[first]
-        plan["programs"]["prefill"] = program.to_dict()
-        (out / "plan.json").write_bytes(to_json_bytes(plan))
+        (out / "plan.json").write_bytes(to_json_bytes(plan.to_dict(), compact=True))
         manifest = json.loads((out / MANIFEST).read_text())
         data = (out / "plan.json").read_bytes()
         manifest["files"]["plan.json"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}

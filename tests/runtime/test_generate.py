@@ -183,7 +183,7 @@ def test_cli_generate_prints_the_sessions_tokens_as_ids_and_as_text(sessions, ll
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [f"w{i}" for i in want]
     done = cli("generate", str(llama_artifact), "--prompt", text, "--max-new-tokens", "2")
-    assert done.returncode == 1 and "needs --tokenizer" in done.stderr and "Traceback" not in done.stderr
+    assert done.returncode == 1 and "needs a tokenizer" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_cli_run_writes_the_sessions_outputs_and_nothing_on_bad_input(sessions, llama_artifact, tmp_path):
@@ -215,4 +215,6 @@ def test_the_last_steps_timeline_is_written_as_a_chrome_trace(sessions, tmp_path
     assert trace["traceEvents"][0]["args"]["name"] == "decode step"
     end = max(e["ts"] + e["dur"] for e in spans) * 1e-6
     assert end == pytest.approx(session.stats.predicted_decode_s, rel=1e-6)
-    assert {e["cat"] for e in spans} >= {"compute", "send"}
+    ops = session.artifact.programs["decode"].count()
+    assert "compute" in {e["cat"] for e in spans}
+    assert ("send" in {e["cat"] for e in spans}) == ("send" in ops)  # a send in the plan is a span on the link

@@ -13,11 +13,11 @@ import threading
 
 import numpy as np
 import pytest
+from aviatorc.backends.contract import Precedence
 
 import aviatorc
 from aviatorc import zoo
 from aviatorc.runtime import Session
-from aviatorc.runtime.precedence import Precedence
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,8 @@ import pytest
 import aviatorc
 from aviatorc import zoo
 from aviatorc.plan.artifact import MANIFEST, ArtifactError, to_json_bytes
-from aviatorc.plan.ir import Instr
+from aviatorc.plan.check import held_bytes
+from aviatorc.plan.ir import Compute, Free, Instruction, Load, Send, Wait
 from aviatorc.runtime import NotRunnableError, RuntimeFault, RuntimeInputError, Session
 from tests.zoo_fixtures import zoo_dir, zoo_onnx  # noqa: F401
 
@@ -169,11 +170,11 @@ def test_a_removed_load_faults_at_the_wait_naming_stream_and_step(saved):
     artifact = aviatorc.load(saved("llama:stream"))
     removed: dict[str, object] = {}
 
-    def drop_first_load(stream: list[Instr]) -> bool:
+    def drop_first_load(stream: list[Instruction]) -> bool:
         for i, ins in enumerate(stream):
-            if ins.op == "load":
-                removed.update(buf=ins["buf"], wait=next(j for j in range(i, len(stream))
-                                                         if stream[j].op == "wait" and stream[j]["event"] == ins["buf"]))
+            if isinstance(ins, Load):
+                removed.update(buf=ins.buf, wait=next(j for j in range(i, len(stream))
+                                                      if stream[j] == Wait(ins.buf)))
                 del stream[i]
                 return True
         return False
@@ -190,9 +191,10 @@ def test_a_free_moved_before_its_compute_faults_as_use_after_free(saved):
     artifact = aviatorc.load(saved("llama:stream"))
     moved: dict[str, int] = {}
 
-    def free_early(stream: list[Instr]) -> bool:
+    def free_early(stream: list[Instruction]) -> bool:
         for i, ins in enumerate(stream):
-            if ins.op == "free" and stream[i - 1].op == "compute" and ins["buf"] in stream[i - 1]["bufs"]:
+            before = stream[i - 1]
+            if isinstance(ins, Free) and isinstance(before, Compute) and ins.buf in before.bufs:
                 stream[i - 1], stream[i] = stream[i], stream[i - 1]
                 moved["compute"] = i
                 return True
@@ -207,9 +209,9 @@ def test_a_free_moved_before_its_compute_faults_as_use_after_free(saved):
 def test_a_recv_without_its_send_faults(saved):
     artifact = aviatorc.load(saved("llama"))
 
-    def drop_first_send(stream: list[Instr]) -> bool:
+    def drop_first_send(stream: list[Instruction]) -> bool:
         for i, ins in enumerate(stream):
-            if ins.op == "send":
+            if isinstance(ins, Send):
                 del stream[i]
                 return True
         return False
@@ -228,7 +230,7 @@ def _retarget(src: Path, out: Path, sram_bytes: int) -> Path:
     (out / "target.toml").write_text(toml)
     plan = json.loads((out / "plan.json").read_text())
     plan["target"]["sha256"] = hashlib.sha256(toml.encode()).hexdigest()
-    (out / "plan.json").write_bytes(to_json_bytes(plan))
+    (out / "plan.json").write_bytes(to_json_bytes(plan, compact=True))
     manifest = json.loads((out / MANIFEST).read_text())
     for name in ("target.toml", "plan.json"):
         data = (out / name).read_bytes()
@@ -252,7 +254,7 @@ def test_staging_over_capacity_faults_at_the_load(saved, tmp_path):
     session = Session(saved("llama:stream"))
     session.run(feeds_of("llama"))
     assert session.stats is not None
-    held = {c: session._backend.held[c] for c in session._backend.held}
+    held = held_bytes(session.program)
     peak = session.stats.peak_sram_bytes
     staging = [c for c in peak if peak[c] > held[c]]
     capacity = max(peak[c] for c in staging) - 1  # the busiest staging chiplet misses by one byte
@@ -329,8 +331,11 @@ def test_later_runs_replay_the_checked_run_and_give_a_checked_runs_outputs(key, 
             # Strip products reading one activation run as one GEMM in a replay: the same sums,
             # possibly blocked differently by BLAS.
             np.testing.assert_allclose(got[name], want[name], rtol=0, atol=QUANT_ATOL)
-        assert got_counts.instructions == want_counts.instructions and got_counts.bytes_sent == want_counts.bytes_sent
-        assert got_counts.peak_sram_bytes == want_counts.peak_sram_bytes
+        # Every instruction ran once, and every send moved its bytes: counted from the program itself.
+        program = replaying.program
+        assert want_counts.instructions == program.count()
+        assert want_counts.bytes_sent == sum(ins.bytes for _, _, ins in program.instructions() if isinstance(ins, Send))
+        assert got_counts.instructions == want_counts.instructions
         seen.append(next(iter(got.values())))
         fed.append(arrays)
     assert not np.allclose(seen[1], seen[2]), "a replay must compute its own feeds' outputs"

@@ -30,6 +30,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} 
 
 def compile_decoder(arch: str, out: Path, *, chiplets: str | None = None, batch: int = SLOTS) -> Path:
     model = zoo.build_model(arch).inner.eval()
+    model.config.max_position_embeddings = CONTEXT  # rotary positions: the zoo's 64 are only its default
     result = aviatorc.compile(model, target="mock", context=CONTEXT, prompt=8, batch=batch, time_limit_s=1.0,
                               chiplets=chiplets)
     return result.save(out)

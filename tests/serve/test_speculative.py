@@ -10,11 +10,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 
 import numpy as np
 import pytest
 
+import aviatorc
 from aviatorc.runtime import Session
 from aviatorc.serve.engine import Engine, GenerationRequest
 from aviatorc.serve.speculative import Speculator, predicted_speedup
@@ -71,8 +71,8 @@ def test_extend_gives_decodes_logits_and_truncate_rolls_back(target):
 
 
 def test_the_predicted_speedup_follows_acceptance(artifacts):
-    plan = json.loads((artifacts["llama"] / "plan.json").read_text())
-    draft = json.loads((artifacts["draft"] / "plan.json").read_text())
+    plan = aviatorc.load(artifacts["llama"]).plan
+    draft = aviatorc.load(artifacts["draft"]).plan
     rates = [0.0, 0.5, 0.9, 1.0]
     speedups = [predicted_speedup(a, 4, plan, draft) for a in rates]
     assert speedups == sorted(speedups) and speedups[0] < 1.0  # rejecting everything only costs

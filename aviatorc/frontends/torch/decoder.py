@@ -158,4 +158,8 @@ def import_decoder(model: torch.nn.Module, *, name: str | None = None) -> Graph:
     for value, new_name in zip(graph.outputs, ["logits", *present], strict=True):
         graph.rename(value, new_name)
     graph.metadata["decoder"] = "kv-cache-io"
+    from aviatorc.frontends.torch.hf import record_model_facts
+
+    generation = getattr(model, "generation_config", None)  # its eos ids can name more than the config's
+    record_model_facts(graph, model.config, getattr(generation, "eos_token_id", None))
     return graph

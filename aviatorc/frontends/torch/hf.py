@@ -143,4 +143,19 @@ def import_hf_config(path: str | Path, *, shape_only: bool = True, seq_len: int 
         raise
     graph.metadata["source"] = path.name
     graph.metadata["architecture"] = type(model).__name__
+    record_model_facts(graph, model.config)
     return graph
+
+
+def record_model_facts(graph: Graph, config: Any, eos_token_id: Any = None) -> None:
+    """What the weights alone do not say, kept in the graph's metadata (and so in the artifact's
+    graph.ir): the positions the model was trained for (`aviatorc.workload` bounds the context
+    with it) and its end-of-sequence ids (`Session.generate` stops at them; `eos_token_id`, when
+    given, names them instead of the config: a generation config's list)."""
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if isinstance(positions, int) and positions > 0:
+        graph.metadata["max_position_embeddings"] = str(positions)
+    eos = eos_token_id if eos_token_id is not None else getattr(config, "eos_token_id", None)
+    ids = [eos] if isinstance(eos, int) else list(eos or [])
+    if ids and all(isinstance(i, int) and i >= 0 for i in ids):
+        graph.metadata["eos_token_id"] = ",".join(str(i) for i in ids)

@@ -84,6 +84,7 @@ class _Weight:
     plain: Value | None = None
     transposed: Value | None = None
     transposed_only: bool = False  # every use reads it transposed: the [K, N] form takes the name
+    data: Any = None  # its bytes, made once: both forms read them (a tied head is one parameter, not two)
 
 
 # Ops whose results are the weight read transposed (the [N, K] -> [K, N] view of a 2-D weight).
@@ -349,7 +350,9 @@ class Lowering:
         """A weight as stored ([out, in] for a linear weight): created on first use."""
         if w.plain is None:
             name = w.name if not w.transposed_only else self.graph.unique_name(w.name + ".plain")
-            w.plain = self.graph.add_initializer(name, _weight_type(w.tensor), _weight_data(w))
+            if w.data is None:
+                w.data = _weight_data(w)
+            w.plain = self.graph.add_initializer(name, _weight_type(w.tensor), w.data)
         return w.plain
 
     def weight_kn(self, w: _Weight) -> Value:
@@ -358,10 +361,10 @@ class Lowering:
             name = w.name if w.transposed_only else self.graph.unique_name(w.name + ".T")
             rows, cols = w.tensor.shape
             type = TensorType(dtype_of(w.tensor.dtype), (int(cols), int(rows)))
-            data = _weight_data(w)
-            if data.available:
-                data = Derived(data, _transpose_2d)
-            w.transposed = self.graph.add_initializer(name, type, data)
+            if w.data is None:
+                w.data = _weight_data(w)
+            # Derived even when shape-only: the transposed copy names the bytes it is read from.
+            w.transposed = self.graph.add_initializer(name, type, Derived(w.data, _transpose_2d))
         return w.transposed
 
     def convert_with(self, node: Any, converter: Converter, values: Mapping[Any, Any], *, settle: bool = True) -> Any:

@@ -59,7 +59,9 @@ def packed_layout(fmt: WeightFormat, k: int, n: int) -> list[tuple[str, str, tup
         else:
             slots[0] = ("values", "int8", (k_pad, n))
         slots[1] = ("scale", "uint8" if fmt.kind.startswith("mx") else "float16", (groups, n))
-        if fmt.kind == "int4" and not fmt.symmetric:
+        if fmt.float_zero:
+            slots[2] = ("zero", "float16", (groups, n))  # an fp16 offset per (group, column)
+        elif fmt.kind == "int4" and not fmt.symmetric:
             slots[2] = ("zero", "uint8", (math.ceil(groups / 2), n))  # two groups per byte, along G
     if fmt.sparsity == "2:4":
         slots[3] = ("indices", "uint8", (math.ceil(ks / 4), n))  # four kept rows per byte, along Ks
@@ -157,10 +159,15 @@ def dequantize(arrays: tuple[np.ndarray | None, ...] | list[np.ndarray | None], 
         else:
             s = scale.astype(np.float32)
             z = np.zeros_like(s)
-            if not fmt.symmetric:
+            if fmt.float_zero:  # w = code * scale + offset
+                assert zero is not None
+                offset = expand_groups(zero.astype(np.float32), rows, g)
+                w = codes.astype(np.float32) * expand_groups(s, rows, g) + offset
+            elif not fmt.symmetric:
                 assert zero is not None
                 z = unpack_bits_k(zero, 4, s.shape[0]).astype(np.float32)
-        w = (codes.astype(np.float32) - expand_groups(z, rows, g)) * expand_groups(s, rows, g)
+        if not fmt.float_zero:
+            w = (codes.astype(np.float32) - expand_groups(z, rows, g)) * expand_groups(s, rows, g)
         w = w[:ks]
     if fmt.sparsity == "2:4":
         assert indices is not None
@@ -186,7 +193,8 @@ def _dequantize_rule(ctx: InferContext) -> list[TensorType]:
     "DequantizeWeight",
     inputs=(1, 4),
     infer=_dequantize_rule,
-    attrs={"format": REQUIRED, "group_size": 0, "symmetric": 1, "sparsity": "", "k": REQUIRED, "n": REQUIRED},
+    attrs={"format": REQUIRED, "group_size": 0, "symmetric": 1, "sparsity": "", "zero": "int", "k": REQUIRED,
+           "n": REQUIRED},
 )
 def dequantize_weight(ins: list[Any], attrs: dict[str, Any]) -> list[np.ndarray]:
     """DequantizeWeight(values, scale?, zero?, indices?): the float32 [k, n] weight of a packed layout."""

@@ -38,13 +38,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from aviatorc.backends.contract import NotRunnableError, RankFailed, RunCounts, RuntimeFault, WeightStore
 
 from aviatorc.errors import OptionError
 from aviatorc.ir import Graph
 from aviatorc.plan.artifact import Artifact
-from aviatorc.plan.ir import INSTRUCTIONS, Program
-from aviatorc.runtime.errors import NotRunnableError, RankFailed, RuntimeFault
-from aviatorc.runtime.weights import WeightStore
+from aviatorc.plan.ir import INSTRUCTIONS, Compute, Program, Send
 from aviatorc.target import Target
 
 CONTROL = 1 << 28
@@ -70,10 +69,10 @@ def needed_inputs(program: Program, graph: Graph, chiplets: set[int]) -> list[st
     for c, _, ins in program.instructions():
         if c not in chiplets:
             continue
-        if ins.op == "compute":
-            needed |= {v.name for v in nodes[ins["node"]].inputs if v is not None and v.name in names}
-        elif ins.op == "send" and ins["value"] in names:
-            needed.add(ins["value"])
+        if isinstance(ins, Compute):
+            needed |= {v.name for v in nodes[ins.node].inputs if v is not None and v.name in names}
+        elif isinstance(ins, Send) and ins.value.part is None and ins.value.name in names:
+            needed.add(ins.value.name)
     return sorted(needed)
 
 
@@ -118,7 +117,7 @@ class RankReport:
 
 def _report_of(run: Any, weights: WeightStore) -> RankReport:
     return RankReport(Counter(run.ops), run.counts.bytes_loaded, run.counts.bytes_sent, weights.tile_bytes_read,
-                      {c: s.peak_bytes for c, s in run.chiplets.items()},
+                      {c: run.rules.peak.get(c, 0) for c in run.chiplets},
                       {edge: (m, b) for edge, (m, b) in run.edges.items()}, list(run.spans))
 
 
@@ -262,7 +261,6 @@ class Cluster:
             raise RankFailed(f"its process exited with status {code}{tail}", rank=r)
 
     def run(self, phase: str, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Any]:
-        from aviatorc.backends.sim import RunCounts
 
         if self.failed is not None or self.closed:
             raise NotRunnableError(f"this multi-card session stopped after a fault ({self.failed})" if self.failed

@@ -1,0 +1,136 @@
+"""The range a plan's predictions span over the target's assumed figures.
+
+Every figure the vendor does not publish carries a range in the target file (`[assumed]`). The
+plan is fixed; only the machine it is timed on varies (`aviatorc.target.loader.vary`):
+
+- sensitivity: each assumption alone at its low and at its high end, the rest nominal;
+- the range: every assumption at once at the end that helps (low) and at the end that hurts
+  (high). Which end helps is read off the sensitivity runs, so nothing assumes that a faster
+  link can only help.
+
+Time per token is the decode program's makespan, TTFT the prefill program's times its chunks,
+cold start the copy of the weights plus that TTFT. An assumption the programs never exercise
+(a card-to-card link in a one-card plan) moves nothing and is not simulated; one only the cold
+start reads (storage) is not simulated either. The variations are timed on the machine's cores
+at once (forked workers), each the same deterministic simulation as alone.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+
+from aviatorc.partition.placement import Placement
+from aviatorc.plan.ir import Load, Program, Send
+from aviatorc.plan.plan import FigureRange
+from aviatorc.schedule.cold import cold_start
+from aviatorc.schedule.simulate import simulate
+from aviatorc.target import LINK_LEVELS, Target
+from aviatorc.target.loader import vary
+
+FIGURES = ("time_per_token_s", "ttft_s", "cold_start_s")
+
+
+COLD_ONLY = frozenset({"host.storage_bytes_per_s"})  # figures only the cold start reads, not the simulator
+Variation = tuple[tuple[str, float], ...]  # (dotted key, value) pairs, sorted
+
+
+def figure_ranges(programs: dict[str, Program], placement: Placement, target: Target, chunks: int,
+                  flops_by_layer: dict[int, float]) -> dict[str, FigureRange]:
+    """Each of FIGURES with its range and its sensitivity to each assumption of `target`."""
+    timer = _Timer(programs, placement, target, chunks, flops_by_layer)
+    used = _links_used(programs, target)
+    varied = [a for a in target.assumed if not _unused(a.key, used)]
+    ends = [((a.key, value),) for a in varied for value in (a.low, a.high)]
+    seen = timer.many([(), *ends])
+    nominal = seen[()]
+    sensitivity: dict[str, dict[str, tuple[float, float]]] = {f: {} for f in FIGURES}
+    for a in target.assumed:
+        low, high = seen.get(((a.key, a.low),), nominal), seen.get(((a.key, a.high),), nominal)
+        for f in FIGURES:
+            sensitivity[f][a.key] = (low[f], high[f])
+    corners: dict[str, tuple[Variation, Variation]] = {}
+    for f in FIGURES:
+        helps = tuple(sorted((key, _end(target, key, "low" if lo <= hi else "high"))
+                             for key, (lo, hi) in sensitivity[f].items()))
+        hurts = tuple(sorted((key, _end(target, key, "high" if lo <= hi else "low"))
+                             for key, (lo, hi) in sensitivity[f].items()))
+        corners[f] = (helps, hurts)
+    seen |= timer.many(sorted({v for pair in corners.values() for v in pair} - set(seen)))
+    out = {}
+    for f in FIGURES:
+        best, worst = seen[corners[f][0]][f], seen[corners[f][1]][f]
+        out[f] = FigureRange(nominal[f], min(best, nominal[f]), max(worst, nominal[f]), sensitivity[f])
+    return out
+
+
+class _Timer:
+    """The plan's figures on the target with some figures varied; several variations at once on
+    the machine's cores (forked workers: the simulation is plain Python, and the plan is large)."""
+
+    def __init__(self, programs: dict[str, Program], placement: Placement, target: Target, chunks: int,
+                 flops_by_layer: dict[int, float]) -> None:
+        self.programs, self.placement, self.target = programs, placement, target
+        self.chunks, self.flops_by_layer = chunks, flops_by_layer
+        self.nominal: dict[str, float] | None = None
+
+    def one(self, variation: Variation) -> dict[str, float]:
+        machine = vary(self.target, dict(variation)) if variation else self.target
+        if self.nominal is not None and all(key in COLD_ONLY for key, _ in variation):
+            token, ttft = self.nominal["time_per_token_s"], self.nominal["ttft_s"]  # the simulator reads none of them
+        else:
+            token = simulate(self.programs["decode"], machine, record=False).makespan_s
+            ttft = simulate(self.programs["prefill"], machine, record=False).makespan_s * self.chunks
+        cold = cold_start(self.placement, machine, ttft, self.flops_by_layer).first_token_s
+        return {"time_per_token_s": token, "ttft_s": ttft, "cold_start_s": cold}
+
+    def many(self, variations: list[Variation]) -> dict[Variation, dict[str, float]]:
+        out: dict[Variation, dict[str, float]] = {}
+        if () in variations:
+            out[()] = self.nominal = self.one(())
+        rest = [v for v in variations if v != ()]
+        workers = min(len(rest), os.cpu_count() or 1, MAX_WORKERS)
+        if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
+            return out | {v: self.one(v) for v in rest}
+        global _TIMER
+        _TIMER = self  # the forked workers inherit it: nothing large is pickled
+        try:
+            context = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(workers, mp_context=context) as pool:
+                return out | dict(zip(rest, pool.map(_time_in_worker, rest), strict=True))
+        finally:
+            _TIMER = None
+
+
+MAX_WORKERS = 4
+_TIMER: _Timer | None = None
+
+
+def _time_in_worker(variation: Variation) -> dict[str, float]:
+    assert _TIMER is not None
+    return _TIMER.one(variation)
+
+
+def _end(target: Target, key: str, which: str) -> float:
+    a = target.assumption(key)
+    assert a is not None
+    return a.low if which == "low" else a.high
+
+
+def _links_used(programs: dict[str, Program], target: Target) -> set[str]:
+    """The link levels any message or cross-link load of the programs travels over."""
+    used: set[str] = set()
+    for program in programs.values():
+        for c, _, ins in program.instructions():
+            link = (target.link_between(c, ins.to) if isinstance(ins, Send)
+                    else target.channel_link(ins.channel, c) if isinstance(ins, Load) else None)
+            if link is not None:
+                used.add(link.name)
+    return used
+
+
+def _unused(key: str, links: set[str]) -> bool:
+    parts = key.split(".")
+    return parts[0] == "links" and parts[1] in LINK_LEVELS and parts[1] not in links
+
