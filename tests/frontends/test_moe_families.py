@@ -26,6 +26,8 @@ from aviatorc.ir import evaluate
 from aviatorc.runtime import Session
 
 TOL = 1e-4
+# The compile's workload: within the zoo's trained positions (a context past them is refused).
+WORKLOAD = {"context": zoo.MAX_POSITIONS, "prompt": 8}
 # experts per MoE layer and MoE layers, per family (DeepSeek-V3 and Llama 4: layer 0 is dense)
 EXPERTS = {"mixtral": (4, 2), "qwen3_moe": (8, 2), "deepseek_v3": (8, 1), "gpt_oss": (4, 2), "llama4_text": (4, 1),
            "gemma2": (0, 0)}
@@ -61,7 +63,7 @@ def test_config_json_import_matches_transformers_in_the_interpreter_and_the_sim(
     want = eager_logits(model, tokens)
     (got,) = evaluate(graph, {"input_ids": tokens}).values()
     assert np.abs(got - want).max() <= TOL
-    art = aviatorc.compile(graph, target="mock", time_limit_s=1.0)
+    art = aviatorc.compile(graph, target="mock", time_limit_s=1.0, **WORKLOAD)
     (sim,) = Session(art, device="sim").run({"input_ids": tokens}).values()
     assert np.abs(sim - want).max() <= TOL
     # another batch and length through the same symbolic graph
@@ -111,7 +113,7 @@ def _mlp(arch: str) -> str:
 @pytest.mark.parametrize("arch", zoo.FAMILY_ARCHS)
 def test_shape_only_config_json_compiles(arch, tmp_path):
     path = zoo.write_family_config(arch, tmp_path)
-    art = aviatorc.compile(str(path), target="mock", time_limit_s=1.0)
+    art = aviatorc.compile(str(path), target="mock", time_limit_s=1.0, **WORKLOAD)
     assert art.graph.metadata.get("shape_only") == "true"
     assert art.report.data["plan"]["prediction"]["time_per_token_s"] > 0
     assert not any(w.data.available for w in art.graph.initializers.values() if w.type.rank == 2 and
