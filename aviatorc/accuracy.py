@@ -11,7 +11,11 @@ gives it batches calibration did not see: `aviatorc.compiler.evaluation_split`) 
   the output as the transformed model computes it (errors of earlier layers included);
 - end to end, per graph output: cosine, PCC, max abs difference; for an output that looks
   like logits ([batch, seq, vocab] with `input_ids` among the inputs) also top-1 agreement
-  and the perplexity of both models on the batches' own next tokens.
+  and the perplexity of both models on the batches' own next tokens;
+- for a mixture of experts, per expert (`experts`): its output against the reference's on the
+  tokens the reference routes to it (SQNR, cosine weighted by tokens, max error; an expert no
+  token reached lists 0 tokens and nothing else), and per block (`routing`) the fraction of
+  tokens both graphs send to the same experts.
 """
 
 from __future__ import annotations
@@ -123,8 +127,11 @@ def accuracy_report(reference: Any, transformed: Any, batches: Sequence[Mapping[
     layers = _rewritten_matmuls(transformed)
     ref_nodes = {node.name: node for node in reference.nodes if node.op == "MatMul"}
     pairs = [(mm, deq, ref_nodes[mm.name]) for mm, deq in layers if mm.name in ref_nodes]
-    ref_keep = tuple(dict.fromkeys([r.outputs[0].name for _, _, r in pairs] + [r.input(0).name for _, _, r in pairs]))
-    test_keep = tuple(dict.fromkeys([mm.outputs[0].name for mm, _, _ in pairs] + [mm.input(1).name for mm, _, _ in pairs]))
+    experts = _ExpertAccuracy(reference, transformed)
+    ref_keep = tuple(dict.fromkeys([r.outputs[0].name for _, _, r in pairs] + [r.input(0).name for _, _, r in pairs]
+                                   + experts.reference_values))
+    test_keep = tuple(dict.fromkeys([mm.outputs[0].name for mm, _, _ in pairs] + [mm.input(1).name for mm, _, _ in pairs]
+                                    + experts.transformed_values))
     ref_keep = tuple(n for n in ref_keep if n not in {v.name for v in reference.inputs})
 
     own = {mm.name: _Accumulator() for mm, _, _ in pairs}
@@ -141,6 +148,7 @@ def accuracy_report(reference: Any, transformed: Any, batches: Sequence[Mapping[
             y_ref = ref[ref_mm.outputs[0].name]
             own[mm.name].add(y_ref, np.matmul(x, test[mm.input(1).name]))
             in_model[mm.name].add(y_ref, test[mm.outputs[0].name])
+        experts.add(ref, test)
         for ref_out, test_out in zip(reference.outputs, transformed.outputs, strict=True):
             a, b = ref[ref_out.name], test[test_out.name]
             outputs[ref_out.name].add(a, b)
@@ -178,7 +186,74 @@ def accuracy_report(reference: Any, transformed: Any, batches: Sequence[Mapping[
             result["perplexity_reference"] = round(math.exp(stats["nll_ref"] / stats["tokens"]), 4)
             result["perplexity"] = round(math.exp(stats["nll_test"] / stats["tokens"]), 4)
         end_to_end.append(result)
-    return {"batches": len(batches), "layers": per_layer, "end_to_end": end_to_end}
+    report = {"batches": len(batches), "layers": per_layer, "end_to_end": end_to_end}
+    if experts.pairs:
+        report["experts"] = experts.entries()
+        report["routing"] = experts.routing_entries()
+    return report
+
+
+class _ExpertAccuracy:
+    """Each expert's output (the input of its `MoECombine`) against the reference's, on the tokens
+    the reference routes to it; and per block, how often both graphs route a token to the same
+    experts. Experts are matched by their combine node's name, which the passes keep."""
+
+    def __init__(self, reference: Any, transformed: Any) -> None:
+        from aviatorc.ir.experts import expert_combines, expert_index
+
+        self.index = expert_index
+
+        test = {node.name: node for node in expert_combines(transformed)}
+        self.pairs = [(r, test[r.name]) for r in expert_combines(reference) if r.name in test]
+        self.errors = {r.name: _Accumulator() for r, _ in self.pairs}
+        self.cosines: dict[str, list[float]] = {r.name: [] for r, _ in self.pairs}
+        self.tokens = {r.name: 0 for r, _ in self.pairs}
+        self.agree: dict[str, list[int]] = {}  # block -> [tokens routed alike, tokens]
+
+    @property
+    def reference_values(self) -> list[str]:
+        return [v.name for r, _ in self.pairs for v in (r.input(0), r.input(1))]
+
+    @property
+    def transformed_values(self) -> list[str]:
+        return [v.name for _, t in self.pairs for v in (t.input(0), t.input(1))]
+
+    def add(self, ref: Mapping[str, np.ndarray], test: Mapping[str, np.ndarray]) -> None:
+        blocks_done: set[str] = set()
+        for r, t in self.pairs:
+            expert = self.index(r)
+            routing = ref[r.input(0).name]
+            rows = routing[..., expert].reshape(-1) != 0
+            width = ref[r.input(1).name].shape[-1]
+            y_ref = ref[r.input(1).name].reshape(-1, width)[rows]
+            y_test = test[t.input(1).name].reshape(-1, width)[rows]
+            if rows.any():
+                self.errors[r.name].add(y_ref, y_test)
+                self.cosines[r.name].append(float(cosine(y_ref, y_test)) * int(rows.sum()))
+            self.tokens[r.name] += int(rows.sum())
+            block = r.input(0).name
+            if block not in blocks_done:
+                blocks_done.add(block)
+                alike = (ref[r.input(0).name] != 0) == (test[t.input(0).name] != 0)
+                counts = self.agree.setdefault(block, [0, 0])
+                counts[0] += int(alike.reshape(-1, routing.shape[-1]).all(axis=-1).sum())
+                counts[1] += int(np.prod(routing.shape[:-1]))
+
+    def entries(self) -> list[dict[str, Any]]:
+        out = []
+        for r, _ in self.pairs:
+            tokens = self.tokens[r.name]
+            entry: dict[str, Any] = {"combine": r.name, "routing": r.input(0).name, "expert": self.index(r),
+                                     "tokens": tokens}
+            if tokens:
+                entry.update(sqnr_db=_finite(self.errors[r.name].sqnr_db), cosine=round(sum(self.cosines[r.name]) / tokens, 6),
+                             max_abs_error=round(self.errors[r.name].max_error, 6))
+            out.append(entry)
+        return out
+
+    def routing_entries(self) -> list[dict[str, Any]]:
+        return [{"routing": block, "tokens": total, "same_experts": round(alike / total, 4) if total else None}
+                for block, (alike, total) in self.agree.items()]
 
 
 def _format_name(deq: Any) -> str:
@@ -197,6 +272,17 @@ def format_accuracy(report: Mapping[str, Any], max_layers: int = 20) -> str:
         if "perplexity" in entry:
             text += (f", top-1 agreement {entry['top1_agreement']:.3f}, perplexity {entry['perplexity']:.3f} "
                      f"(reference {entry['perplexity_reference']:.3f})")
+        lines.append(text)
+    experts = [e for e in report.get("experts", []) if e["tokens"]]
+    if report.get("experts"):
+        worst = min(experts, key=lambda e: float(e["sqnr_db"]) if e["sqnr_db"] != "inf" else math.inf, default=None)
+        text = f"  experts: {len(experts)} of {len(report['experts'])} reached by these batches"
+        if worst is not None:
+            text += (f"; worst SQNR {worst['sqnr_db']} dB (expert {worst['expert']} of {worst['routing']}, "
+                     f"{worst['tokens']} token(s))")
+        same = [r["same_experts"] for r in report.get("routing", []) if r["same_experts"] is not None]
+        if same:
+            text += f"; tokens routed to the same experts: {min(same):.3f} (worst block)"
         lines.append(text)
     layers = sorted(report["layers"], key=lambda e: float(e["sqnr_db"]) if e["sqnr_db"] != "inf" else math.inf)
     if layers:

@@ -345,8 +345,98 @@ def export_step_onnx(model: Any, path: str | Path, *, opset: int = 18, one_token
     return path
 
 
+# -- the families of current models: mixtures of experts and attention variants -----------------
+#
+# Tiny configs of the released families, as config.json files hold them (so the same dict is
+# written to disk for the config.json import and built as a transformers module), at the zoo's
+# size: hidden 32, 4 heads (2 kv heads), 2 layers, vocab 128. Each keeps what makes its family
+# different: experts and their routing, shared experts, multi-head latent attention, attention
+# sinks and sliding-window layers, chunked attention, complex rotary, soft-capping, QK-norm.
+# Windows and chunks are 6 tokens, so a 40-token generation crosses them.
+
+FAMILY_ARCHS: tuple[str, ...] = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "llama4_text", "gemma2")
+MOE_ARCHS: tuple[str, ...] = FAMILY_ARCHS[:5]
+
+_FAMILY_COMMON: dict[str, Any] = {
+    "vocab_size": VOCAB_SIZE, "hidden_size": HIDDEN, "num_hidden_layers": LAYERS, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "max_position_embeddings": MAX_POSITIONS, "bos_token_id": 1, "eos_token_id": 2,
+    "pad_token_id": 0, "tie_word_embeddings": False, "torch_dtype": "float32",
+}
+_FAMILIES: dict[str, dict[str, Any]] = {
+    # 4 experts, top-2, softmax then renormalized
+    "mixtral": {"architectures": ["MixtralForCausalLM"], "intermediate_size": 24, "num_local_experts": 4,
+                "num_experts_per_tok": 2},
+    # 8 experts, top-2, QK-norm, head_dim apart from hidden / heads
+    "qwen3_moe": {"architectures": ["Qwen3MoeForCausalLM"], "intermediate_size": 48, "moe_intermediate_size": 24,
+                  "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True, "head_dim": 8},
+    # layer 0 dense, layer 1: 8 routed experts in 2 groups (1 kept), top-2, sigmoid with a selection
+    # bias, scaled; a shared expert; multi-head latent attention (the cache holds the latent)
+    "deepseek_v3": {"architectures": ["DeepseekV3ForCausalLM"], "num_key_value_heads": 4, "intermediate_size": 48,
+                    "moe_intermediate_size": 16, "n_routed_experts": 8, "n_shared_experts": 1,
+                    "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
+                    "kv_lora_rank": 16, "q_lora_rank": 24, "qk_rope_head_dim": 4, "qk_nope_head_dim": 8,
+                    "v_head_dim": 8, "routed_scaling_factor": 2.5, "norm_topk_prob": True},
+    # 4 experts with biases and the clamped gate, top-2 of the logits then softmax; attention sinks;
+    # a sliding-window layer then a full one; YaRN rotary
+    "gpt_oss": {"architectures": ["GptOssForCausalLM"], "intermediate_size": 24, "num_local_experts": 4,
+                "num_experts_per_tok": 2, "head_dim": 8, "sliding_window": 6,
+                "layer_types": ["sliding_attention", "full_attention"],
+                "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                 "truncate": False, "original_max_position_embeddings": 16},
+                "rope_theta": 150000.0},
+    # layer 0 dense with chunked attention, complex rotary and L2 QK-norm; layer 1: 4 experts, top-1
+    # sigmoid, a shared expert, no rotary, full attention
+    "llama4_text": {"architectures": ["Llama4ForCausalLM"], "intermediate_size": 24, "intermediate_size_mlp": 40,
+                    "num_local_experts": 4, "num_experts_per_tok": 1, "head_dim": 8, "attention_chunk_size": 6,
+                    "moe_layers": [1], "no_rope_layers": [1, 0], "use_qk_norm": True,
+                    "layer_types": ["chunked_attention", "full_attention"]},
+    # dense: logit soft-capping (attention and final), a sliding-window layer then a full one
+    "gemma2": {"architectures": ["Gemma2ForCausalLM"], "intermediate_size": 48, "head_dim": 8, "sliding_window": 6,
+               "layer_types": ["sliding_attention", "full_attention"], "query_pre_attn_scalar": 8,
+               "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0},
+}
+
+
+def family_config(arch: str) -> dict[str, Any]:
+    """The tiny config.json (a JSON-ready dict) of a current family (`FAMILY_ARCHS`)."""
+    if arch not in _FAMILIES:
+        raise ValueError(f"unknown family {arch!r}; choose one of {', '.join(FAMILY_ARCHS)}")
+    return {"model_type": arch, **_FAMILY_COMMON, **_FAMILIES[arch]}
+
+
+def write_family_config(arch: str, folder: str | Path) -> Path:
+    """`family_config(arch)` written as `folder/config.json`."""
+    import json
+
+    path = Path(folder) / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(family_config(arch), indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def build_family_model(arch: str, seed: int = 0) -> torch.nn.Module:
+    """The tiny causal LM of `arch` (a `transformers` module, eval mode) with seeded, perturbed
+    weights, in transformers' own attention (SDPA, or eager where the family refuses it)."""
+    import torch
+
+    from aviatorc.frontends.torch.hf import build_meta_model
+
+    model = build_meta_model(family_config(arch), on_meta=False, seed=seed)
+    perturb(model, seed)
+    with torch.no_grad():  # a zero selection bias would leave DeepSeek's correction untested
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(torch.randn(buffer.shape, generator=torch.Generator().manual_seed(seed + 2)) * 0.05)
+    return model.eval()
+
+
 __all__ = [
     "DECODE_ARCHS",
+    "FAMILY_ARCHS",
+    "MOE_ARCHS",
+    "build_family_model",
+    "family_config",
+    "write_family_config",
     "DYNAMO_OPSETS",
     "LEGACY_OPSET",
     "ZOO_ARCHS",

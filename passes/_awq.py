@@ -70,7 +70,7 @@ def scale_input(graph: Graph, x: Value, readers: list[Node], result: AWQResult) 
     dtype = x.type.dtype
     const = graph.add_initializer(graph.unique_name(f"{x.name}.awq_inv_scale"), TensorType(dtype, (inv_s.size,)),
                                   ArrayData(inv_s.astype(dtype)))
-    first = min(readers, key=graph.nodes.index)
+    first = min(readers, key=graph.position)
     scaled = add_value(graph, "Mul", [x, const], name=graph.unique_name(f"{first.name}.awq_scale"), before=first)
     for mm in readers:
         mm.set_input(0, scaled)

@@ -148,7 +148,7 @@ def add_packed_weight(graph: Graph, lw: LinearWeight, fmt: WeightFormat, packed:
             inputs.append(graph.add_initializer(name, TensorType(dtype, shape), ArrayData(array)))
         else:
             inputs.append(graph.add_initializer(name, TensorType(dtype, shape), ShapeOnly("quantized shape-only")))
-    first = min(lw.matmuls, key=graph.nodes.index)
+    first = min(lw.matmuls, key=graph.position)
     attrs = dict(fmt.to_attrs(), k=lw.k, n=lw.n)
     out = add_value(graph, "DequantizeWeight", inputs, attrs, name=graph.unique_name(f"{base}.dequant"), before=first)
     target_dtype = lw.value.type.dtype
@@ -225,6 +225,16 @@ def calibration_stages(graph: Graph, weights: list[LinearWeight]) -> list[list[L
     return [stages[s] for s in sorted(stages)]
 
 
+def routed_inputs(graph: Graph, weights: list[LinearWeight]) -> dict[str, tuple[str, int]]:
+    """MatMul inputs inside an expert -> (its block's routing value, the expert's index): the rows
+    their calibration statistics keep (`calibrate_sequentially`)."""
+    from aviatorc.ir.experts import expert_nodes
+
+    experts = expert_nodes(graph)
+    return {mm.input(0).name: (experts[mm].routing.name, experts[mm].expert)
+            for lw in weights for mm in lw.matmuls if mm in experts}
+
+
 # A pass's rewrite of some weights, given the statistics of their MatMul inputs (empty when uncalibrated).
 WeightRewrite = Callable[[list[LinearWeight], dict[str, ActivationStats]], None]
 
@@ -253,7 +263,8 @@ def rewrite_by_stage(graph: Graph, ctx: PassContext, weights: list[LinearWeight]
                 rewrite(stages[index], stats)
                 task.advance(detail=f"stage {index + 1} of {len(stages)}")
 
-            run = calibrate_sequentially(graph, batches, inputs, rewrite_stage, hessian=hessian, reference=reference)
+            run = calibrate_sequentially(graph, batches, inputs, rewrite_stage, hessian=hessian, reference=reference,
+                                         routed=routed_inputs(graph, calibrated))
         ctx.note(f"{label}: {run.evaluations} node evaluations per batch for {len(graph.nodes)} nodes"
                  + (f", {run.reference_evaluations} in the unrewritten graph" if reference is not None and hessian else ""))
         ctx.note(f"{label}: calibration statistics from {run.tokens:,} real token(s)"

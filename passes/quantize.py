@@ -26,7 +26,12 @@ What it rewrites:
   round-to-nearest, and the MatMuls made to read x / s: folded into the norm that feeds only
   them, else a `Mul` by a [K] constant (`aviatorc.passes._awq`). Exact before rounding.
 - Weights matching `keep_fp16` (fnmatch on the weight or the MatMul name, e.g. `*lm_head*`,
-  `*attention.output*`) become `DequantizeWeight` in fp16. Embedding tables read only by
+  `*attention.output*`) become `DequantizeWeight` in fp16, and so do the routers' weights of a
+  mixture of experts (`aviatorc.ir.experts.router_matmuls`: a changed routing sends a token to
+  other experts). Each expert's projections are quantized on their own, calibrated on the tokens
+  routed to that expert (`calibrate_sequentially`'s `routed`); an expert no calibration token
+  reaches is quantized by RTN, and the stats (`experts`: per expert weight, its tokens and
+  method) and a note say so. Embedding tables read only by
   `Gather` become float16 initializers, with a `Cast` to float32 after the `Gather`.
 - With `activations` ("minmax" / "percentile", W8A8 with int8 weights) a `QuantizeActivation`
   (8-bit, per tensor, range from calibration) goes in front of each quantized MatMul.
@@ -61,6 +66,7 @@ from aviatorc.passes.manager import Note, Pass, PassContext, PassResult, registe
 from aviatorc.errors import OptionError
 from aviatorc.formats import WeightFormat
 from aviatorc.ir import ArrayData, Graph, ShapeOnly, TensorType, add_value
+from aviatorc.ir.experts import ExpertRef, expert_nodes, router_matmuls
 from aviatorc.options import CompileOptions
 from aviatorc.quant.calibration import ActivationStats, check_batches
 from aviatorc.quant.gptq import GPTQConfig, gptq_pack
@@ -215,25 +221,35 @@ class Quantize(Pass):
         batches = check_batches(graph, ctx.calibration)
         method = quant_method(opts, bool(batches))
         calibrated = bool(batches)  # the int4 default (`int4_zero`) depends on it
-        keep = [lw for lw in weights if opts.quant in SIXTEEN_BIT or opts.keep_fp16 and lw.matches(opts.keep_fp16)]
+        routers = set(router_matmuls(graph))
+        experts = expert_nodes(graph)
+        keep = [lw for lw in weights if opts.quant in SIXTEEN_BIT or opts.keep_fp16 and lw.matches(opts.keep_fp16)
+                or any(mm in routers for mm in lw.matmuls)]
         quantize = [lw for lw in weights if lw not in keep]
+        per_expert: dict[str, dict[str, Any]] = {}
 
         counts = {"weights_quantized": 0, "weights_kept_fp16": 0, "embeddings_fp16": 0, "activations_quantized": 0,
-                  "output_heads_int8": 0}
+                  "output_heads_int8": 0,
+                  "routers_kept_fp16": sum(1 for lw in keep if any(mm in routers for mm in lw.matmuls))}
         # A graph of one linear layer has no head apart from its body: it stays int4.
         head_format = output_head_format(opts, ctx.target) if len(quantize) > 1 else None
         bytes_before = bytes_after = 0
         # GPTQ fits each weight to the unquantized graph's output (`corrected_target`): keep it.
         reference = graph.clone() if method in CALIBRATED and any(lw.has_data for lw in quantize) else None
-        for lw in keep:
-            fmt = WeightFormat(opts.quant if opts.quant in SIXTEEN_BIT else "fp16", 0, True, lw.fmt.sparsity)
-            bytes_before += lw.fmt.storage_bytes(lw.k, lw.n)
-            packed = pack_weight(lw.dense(), fmt, mask=lw.mask()) if lw.has_data else None
-            add_packed_weight(graph, lw, fmt, packed)
-            bytes_after += fmt.storage_bytes(lw.k, lw.n)
-            counts["weights_kept_fp16"] += 1
+        with graph.batched_inserts():
+            for lw in keep:
+                fmt = WeightFormat(opts.quant if opts.quant in SIXTEEN_BIT else "fp16", 0, True, lw.fmt.sparsity)
+                bytes_before += lw.fmt.storage_bytes(lw.k, lw.n)
+                packed = pack_weight(lw.dense(), fmt, mask=lw.mask()) if lw.has_data else None
+                add_packed_weight(graph, lw, fmt, packed)
+                bytes_after += fmt.storage_bytes(lw.k, lw.n)
+                counts["weights_kept_fp16"] += 1
 
         def rewrite(stage: list[LinearWeight], stats: dict[str, ActivationStats]) -> None:
+            with graph.batched_inserts():  # thousands of weights (a mixture of experts): one pass
+                rewrite_stage(stage, stats)
+
+        def rewrite_stage(stage: list[LinearWeight], stats: dict[str, ActivationStats]) -> None:
             nonlocal bytes_before, bytes_after
             # AWQ: one scale search per activation, the graph's MatMuls then read x / s (`_awq`).
             scaled = (awq_stage(graph, stage, stats, weight_format(opts, calibrated=calibrated),
@@ -247,6 +263,9 @@ class Quantize(Pass):
                 bytes_before += lw.fmt.storage_bytes(lw.k, lw.n)
                 matmuls = list(lw.matmuls)
                 packed = scaled.get(id(lw)) or (self._quantize_one(lw, fmt, method, stats, ctx) if lw.has_data else None)
+                ref = next((experts[mm] for mm in matmuls if mm in experts), None)
+                if ref is not None:
+                    per_expert[lw.name] = _expert_record(lw, ref, stats, method, bool(stats), fmt, notes)
                 add_packed_weight(graph, lw, fmt, packed)
                 bytes_after += fmt.storage_bytes(lw.k, lw.n)
                 counts["weights_quantized"] += 1
@@ -269,6 +288,11 @@ class Quantize(Pass):
                                             weight_bytes_after=bytes_after + sum(embed_after))
         if run is not None:  # how much calibration text the statistics really saw (padding left out)
             result_stats.update(calibration_tokens=run.tokens, calibration_padding_excluded=run.padding)
+        if per_expert:
+            result_stats.update(experts=dict(sorted(per_expert.items())),
+                                experts_calibrated=sum(1 for r in per_expert.values() if r["method"] != "rtn"
+                                                       and r["calibration_tokens"]),
+                                experts_rtn_unrouted=sum(1 for r in per_expert.values() if r["unrouted"]))
         return PassResult(changed, result_stats, notes)
 
     def _quantize_one(self, lw: LinearWeight, fmt: WeightFormat, method: str,
@@ -298,6 +322,19 @@ class Quantize(Pass):
                       {"scale": float(scale), "zero_point": zero_point, "qmin": -128, "qmax": 127},
                       name=graph.unique_name(f"{mm.name}.act_quant"), before=mm)
         mm.set_input(0, q)
+
+
+def _expert_record(lw: LinearWeight, ref: ExpertRef, stats: dict[str, ActivationStats], method: str,
+                   calibrating: bool, fmt: WeightFormat, notes: list[Note]) -> dict[str, Any]:
+    """How an expert's weight was quantized: its block and index, the calibration tokens routed to
+    it, and the method; a calibrated method finding no token routed there fell back to RTN (noted)."""
+    tokens = sum(stats[mm.input(0).name].tokens for mm in lw.matmuls if mm.input(0).name in stats)
+    unrouted = calibrating and method in CALIBRATED and tokens == 0
+    if unrouted:
+        notes.append(Note(lw.matmuls[0].name, f"no calibration token was routed to expert {ref.expert} of "
+                          f"'{ref.block}': its weight '{lw.name}' was quantized by RTN, not {method}"))
+    return {"block": ref.block, "expert": ref.expert, "format": fmt.name, "calibration_tokens": tokens,
+            "method": "rtn" if unrouted or not calibrating else method, "unrouted": unrouted}
 
 
 def embeddings_to_fp16(graph: Graph, notes: list[Note]) -> tuple[list[int], list[int]]:

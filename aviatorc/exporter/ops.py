@@ -221,6 +221,125 @@ def attention(b: OnnxBuilder, node: Node) -> None:
         b.opset = max(b.opset, 25)
 
 
+# -- mixture of experts: standard ONNX ops (TopK, GatherElements, ScatterElements) ------------------
+
+
+def _step(b: OnnxBuilder, node: Node, op: str, inputs: list[str], out: str | None = None, **attrs: Any) -> str:
+    """One ONNX node of a decomposition: a fresh output (or `out`), its name derived from the IR node's."""
+    name = out or b.fresh(f"{node.name}/{op.lower()}")
+    b.emit(op, inputs, [name], b.fresh(f"{node.name}/{op.lower()}"), **attrs)
+    return name
+
+
+def _ints(b: OnnxBuilder, node: Node, values: list[int]) -> str:
+    return b.constant(np.array(values, np.int64), f"{node.name}/ints")
+
+
+def _attr(node: Node, key: str) -> Any:
+    """An attribute with the op's default filled in."""
+    from aviatorc.ir.ops import get_op
+
+    return get_op(node.op).resolve_attrs(node.attrs, node.name)[key]
+
+
+def _int_attr(node: Node, key: str) -> int:
+    value = _attr(node, key)
+    assert isinstance(value, int)
+    return value
+
+
+def _score(b: OnnxBuilder, node: Node, x: str) -> str:
+    if _attr(node, "score") == "softmax":
+        return _step(b, node, "Softmax", [x], axis=-1)
+    return _step(b, node, "Sigmoid", [x])
+
+
+def _top(b: OnnxBuilder, node: Node, x: str, k: int) -> tuple[str, str]:
+    """(values, indices) of the k largest along the last axis."""
+    values, indices = b.fresh(f"{node.name}/values"), b.fresh(f"{node.name}/indices")
+    b.emit("TopK", [x, _ints(b, node, [k])], [values, indices], b.fresh(f"{node.name}/topk"), axis=-1)
+    return values, indices
+
+
+@converts("MoERouter")
+def moe_router(b: OnnxBuilder, node: Node) -> None:
+    """The router's kernel, op for op: scores, the group limit, TopK, the chosen weights, written
+    into a zero row with ScatterElements (ONNX TopK puts the lower index first on ties, as the
+    kernel does). The logits are flattened to [tokens, experts] and the result shaped back."""
+    logits = node.input(0)
+    dtype = numpy_dtype(logits.type.dtype)
+    experts = logits.type.shape[-1]
+    assert isinstance(experts, int)
+
+    def scalar(value: Any, label: str) -> str:
+        return b.constant(np.array(value, dtype), f"{node.name}/{label}")
+
+    x = _step(b, node, "Reshape", [b.name(logits), _ints(b, node, [-1, experts])])
+    scores = _score(b, node, x) if _attr(node, "select") == "scores" else x
+    choice = scores
+    if node.optional_input(1) is not None:
+        choice = _step(b, node, "Add", [scores, b.name(node.input(1))])
+    groups = _int_attr(node, "n_group")
+    if groups > 1:
+        per = experts // groups
+        grouped = _step(b, node, "Reshape", [choice, _ints(b, node, [-1, groups, per])])
+        best, _ = _top(b, node, grouped, _int_attr(node, "group_top"))
+        group_scores = _step(b, node, "ReduceSum", [best, _ints(b, node, [-1])], keepdims=0)
+        _, kept = _top(b, node, group_scores, _int_attr(node, "topk_group"))
+        zeros = _step(b, node, "Mul", [group_scores, scalar(0, "zero")])
+        ones = _step(b, node, "Add", [_step(b, node, "GatherElements", [zeros, kept], axis=-1), scalar(1, "one")])
+        mask = _step(b, node, "ScatterElements", [zeros, kept, ones], axis=-1)
+        mask = _step(b, node, "Expand", [_step(b, node, "Unsqueeze", [mask, _ints(b, node, [-1])]),
+                                         _ints(b, node, [1, groups, per])])
+        mask = _step(b, node, "Reshape", [mask, _ints(b, node, [-1, experts])])
+        mask = _step(b, node, "Cast", [mask], to=DTYPE_ENUMS["bool"])
+        choice = _step(b, node, "Where", [mask, choice, scalar(-np.inf, "ninf")])
+    _, chosen = _top(b, node, choice, _int_attr(node, "top_k"))
+    weights = _step(b, node, "GatherElements", [scores, chosen], axis=-1)
+    if _attr(node, "select") == "logits":
+        weights = _score(b, node, weights)
+    if _attr(node, "normalize"):
+        total = _step(b, node, "ReduceSum", [weights, _ints(b, node, [-1])], keepdims=1)
+        total = _step(b, node, "Add", [total, scalar(_attr(node, "normalize_epsilon"), "eps")])
+        weights = _step(b, node, "Div", [weights, total])
+    if _attr(node, "scale") != 1.0:
+        weights = _step(b, node, "Mul", [weights, scalar(_attr(node, "scale"), "scale")])
+    # x * 0 is NaN where a logit is infinite; such a row routes nowhere meaningful anyway
+    zero_row = _step(b, node, "Mul", [x, scalar(0, "zero")])
+    routed = _step(b, node, "ScatterElements", [zero_row, chosen, weights], axis=-1)
+    _step(b, node, "Reshape", [routed, _step(b, node, "Shape", [b.name(logits)])], out=node.outputs[0].name)
+
+
+def _column(b: OnnxBuilder, node: Node, routing: Value, dtype: str) -> str:
+    """routing[..., e : e + 1] in `dtype`."""
+    e = _int_attr(node, "expert")
+    col = _step(b, node, "Slice", [b.name(routing), _ints(b, node, [e]), _ints(b, node, [e + 1]), _ints(b, node, [-1])])
+    return col if routing.type.dtype == dtype else _step(b, node, "Cast", [col], to=DTYPE_ENUMS[dtype])
+
+
+@converts("MoEDispatch")
+def moe_dispatch(b: OnnxBuilder, node: Node) -> None:
+    x, out = node.input(0), node.outputs[0].name
+    if _attr(node, "scale"):
+        _step(b, node, "Mul", [b.name(x), _column(b, node, node.input(1), x.type.dtype)], out=out)
+    else:
+        _step(b, node, "Identity", [b.name(x)], out=out)
+
+
+@converts("MoECombine")
+def moe_combine(b: OnnxBuilder, node: Node) -> None:
+    routing, y, acc = node.input(0), node.input(1), node.optional_input(2)
+    factor = _column(b, node, routing, y.type.dtype)
+    if not _attr(node, "scale"):  # 1 where routed
+        zero = b.constant(np.array(0, numpy_dtype(y.type.dtype)), f"{node.name}/zero")
+        routed = _step(b, node, "Not", [_step(b, node, "Equal", [factor, zero])])
+        factor = _step(b, node, "Cast", [routed], to=DTYPE_ENUMS[y.type.dtype])
+    out = node.outputs[0].name
+    term = _step(b, node, "Mul", [b.name(y), factor], out=None if acc is not None else out)
+    if acc is not None:
+        _step(b, node, "Add", [b.name(acc), term], out=out)
+
+
 @converts("QuantizeActivation")
 def quantize_activation(b: OnnxBuilder, node: Node) -> None:
     """x -> (clip(round(x / scale) + zero, qmin, qmax) - zero) * scale, in x's element type: the kernel."""

@@ -14,7 +14,9 @@ attribute of the module. So the file passes three gates, in order:
    a method or read-only property of its config class; `architectures[0]` is on the
    allow-list for that model type (its causal-LM class or its base model class, from
    `transformers`' own auto mappings); an encoder-decoder (T5) is refused by name, as nothing
-   downstream handles two stacks; the effective sizes (defaults filled in) divide as
+   downstream handles two stacks; a mixture of experts asking for a routing its transformers
+   model does not implement (`ROUTING_FIELDS`: DeepSeek's `topk_method`, `scoring_func`) is
+   refused by name; the effective sizes (defaults filled in) divide as
    attention needs; and the depth is one a shape-only import finishes quickly.
 
 The parameter count is checked after the model is built on the meta device (`check_built`),
@@ -264,7 +266,8 @@ def _check_value(key: str, value: Any, spec: Field) -> None:
 
 
 def _check_rope(key: str, rope: Any) -> None:
-    """rope_scaling / rope_parameters: null or an object with a string type and finite numbers."""
+    """rope_scaling / rope_parameters: null or an object with a string type and finite numbers
+    (flags such as YaRN's `truncate` in gpt-oss's config are true or false)."""
     if rope is None:
         return
     if not isinstance(rope, dict):
@@ -273,7 +276,7 @@ def _check_rope(key: str, rope: Any) -> None:
     if not isinstance(kind, str):
         raise _refuse(f"{key} type must be a string", field=key)
     for name, value in rope.items():
-        if name in ("rope_type", "type"):
+        if name in ("rope_type", "type") or isinstance(value, bool):
             continue
         numbers = value if isinstance(value, list) else [value]
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers):
@@ -312,6 +315,7 @@ def check_with_transformers(config: dict[str, Any]) -> tuple[Any, Any]:
     _check_no_shadowing(config, config_class)
     _check_rope_type(config)
     _check_activation(config)
+    _check_routing(config)
     model_class = None
     architectures = config.get("architectures") or []
     if architectures:
@@ -491,6 +495,25 @@ def _check_rope_type(config: dict[str, Any]) -> None:
             if kind not in known:
                 raise _refuse(f"{key} type '{_short(str(kind))}' is not one transformers knows", field=key,
                               hint=f"known: {', '.join(sorted(known))}")
+
+
+# Routing fields a config may state that `transformers` does not read: its model for the type
+# routes one way only, so a config asking for another routing would silently build a different
+# model. model_type -> field -> the values transformers' model implements.
+ROUTING_FIELDS: dict[str, dict[str, tuple[Any, ...]]] = {
+    "deepseek_v3": {"topk_method": ("noaux_tc",), "scoring_func": ("sigmoid",), "moe_layer_freq": (1,)},
+}
+
+
+def _check_routing(config: dict[str, Any]) -> None:
+    """A mixture of experts whose config asks for a routing transformers' model does not implement
+    is refused by name, not built with another routing."""
+    for field, supported in ROUTING_FIELDS.get(config["model_type"], {}).items():
+        if field in config and config[field] not in supported:
+            shown = ", ".join(repr(v) for v in supported)
+            raise UnsupportedModelError(
+                f"router uses {field} {config[field]!r}; supported: {shown} (what transformers' "
+                f"'{config['model_type']}' model implements)", field=field)
 
 
 def _check_activation(config: dict[str, Any]) -> None:

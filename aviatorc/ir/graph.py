@@ -8,6 +8,7 @@ restores it after a rewrite and rejects cycles.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -132,6 +133,10 @@ class Graph:
         self.metadata: dict[str, str] = {}
         self._names: set[str] = set()
         self._counter = itertools.count()
+        # During `batched_inserts`: nodes waiting to go before an anchor, and the positions then.
+        self._pending: dict[int, list[Node]] | None = None
+        self._pending_anchor: dict[int, Node] = {}
+        self._positions: dict[int, int] = {}
 
     # -- building -----------------------------------------------------------------------
 
@@ -201,9 +206,51 @@ class Graph:
         node = Node(op, inputs, outputs, attrs, name or names[0])
         if before is None:
             self.nodes.append(node)
+        elif self._pending is not None:
+            anchor = self._anchor(before)
+            waiting = self._pending.setdefault(id(anchor), [])
+            # just before `before` when it is itself waiting in this batch, else last before the anchor
+            waiting.insert(waiting.index(before) if before is not anchor else len(waiting), node)
+            self._pending_anchor[id(node)] = anchor
         else:
             self.nodes.insert(self.nodes.index(before), node)
         return node
+
+    @contextlib.contextmanager
+    def batched_inserts(self) -> Iterator[None]:
+        """Within it, nodes added `before=` a node are placed in one pass over the node list on
+        exit, in the order added (so a pass rewriting thousands of weights, each inserted before
+        its MatMul, costs one pass, not one per weight); `position` answers from the order at
+        entry. Only appends and `before=` inserts may change the node list meanwhile."""
+        if self._pending is not None:
+            yield
+            return
+        self._pending, self._pending_anchor = {}, {}
+        self._positions = {id(node): i for i, node in enumerate(self.nodes)}
+        try:
+            yield
+        finally:
+            pending, self._pending = self._pending, None
+            self._positions, self._pending_anchor = {}, {}
+            placed: list[Node] = []
+            for node in self.nodes:
+                placed.extend(pending.pop(id(node), ()))
+                placed.append(node)
+            if pending:
+                raise RuntimeError("batched_inserts: an anchor node was removed before its inserts were placed")
+            self.nodes = placed
+
+    def _anchor(self, before: Node) -> Node:
+        """The node of the list a batched insert goes in front of (`before` itself, or the anchor of
+        a node inserted in this batch)."""
+        return self._pending_anchor.get(id(before), before)
+
+    def position(self, node: Node) -> int:
+        """The node's index in the node list (during `batched_inserts`, in the list at entry; a node
+        inserted in the batch answers its anchor's)."""
+        if self._pending is not None:
+            return self._positions[id(self._anchor(node))]
+        return self.nodes.index(node)
 
     def remove_node(self, node: Node) -> None:
         """Remove a node whose outputs are no longer used."""

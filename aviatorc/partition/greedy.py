@@ -16,9 +16,9 @@ and up want a card. The cheaper of the two layer placements is kept.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
-from aviatorc.partition.problem import Problem, compute_chiplets, group_cost_ps, handoff_ps, total_cost
+from aviatorc.partition.problem import Problem, compute_of, group_cost_ps, handoff_ps, total_cost
 
 
 def spreads(problem: Problem) -> list[int]:
@@ -75,8 +75,7 @@ def greedy_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[in
 
 def _root(problem: Problem, where: Sequence[int], members: Sequence[int]) -> int:
     """The lowest chiplet computing one of `members` (-1 when none is placed)."""
-    chips = [c for c in compute_chiplets(problem, where, members) if c >= 0]
-    return min(chips) if chips else -1
+    return min(compute_of(problem, where, members).values(), default=-1)
 
 
 def _anchors(problem: Problem, tiles: Sequence[int], placed: Sequence[int] | None) -> dict[int, int]:
@@ -129,33 +128,75 @@ def _place_by_group(problem: Problem, tiles: Sequence[int], free_bytes: Sequence
     stream = [0] * problem.num_channels
     sizes = [0, *spreads(problem)]
     roots: dict[int, int] = dict(anchors or {})  # placed group -> its root (lowest computing chiplet)
+    nearest = _Nearest(problem, roots.values())
     for g in order:
         neighbours = [(nb, nb == before.get(g)) for nb in (before.get(g), problem.next_group[g]) if nb in roots]
         best: tuple[tuple[int, int], list[int], list[int], list[int]] | None = None
         for size in sizes:
             blocks: list[tuple[range, Sequence[int] | None]] = [(_best_block(free, size), None)] if size else [
                 (range(0), None)] + [(range(0), [h]) for h in sorted({problem.stream_channels[0]} | {
-                    problem.target.channel_of(r) for r in roots.values()} & set(problem.stream_channels))]
-            for root in sorted(set(roots.values())) if size else ():  # beside the groups placed so far
+                    problem.target.channel_of(r) for r in nearest.chips} & set(problem.stream_channels))]
+            for root in sorted(nearest.chips) if size else ():  # beside the groups placed so far
                 home = range(root - root % size, root - root % size + size)
                 if (home, None) not in blocks:
                     blocks.append((home, None))
             for block, channels in blocks:
-                trial_where, trial_free, trial_stream = list(where), list(free), list(stream)
-                _fill(problem, members[g], trial_where, trial_free, trial_stream, block, channels)
-                cost = group_cost_ps(problem, trial_where, members[g]) + max(trial_stream)
-                root = _root(problem, trial_where, members[g])
+                # A trial writes only this group's entries of `where`: they are read back, then reset.
+                trial_free, trial_stream = list(free), list(stream)
+                _fill(problem, members[g], where, trial_free, trial_stream, block, channels)
+                cost = group_cost_ps(problem, where, members[g]) + max(trial_stream)
+                root = _root(problem, where, members[g])
                 for nb, is_before in neighbours:
                     sender = nb if is_before else g
                     cost += handoff_ps(roots[nb], root, problem.group_out_bytes[sender], problem.target)
                 # On a tie, nearest the groups placed so far (their hand-offs come later).
-                near = min((_distance(problem, root, r) for r in roots.values()), default=0)
+                near = nearest.distance(root)
                 if best is None or (cost, near) < best[0]:
-                    best = ((cost, near), trial_where, trial_free, trial_stream)
+                    best = ((cost, near), [where[t] for t in members[g]], trial_free, trial_stream)
+                for t in members[g]:
+                    where[t] = -1
         assert best is not None
-        _, where, free, stream = best
+        _, chosen, free, stream = best
+        for t, w in zip(members[g], chosen, strict=True):
+            where[t] = w
         roots[g] = _root(problem, where, members[g])
+        nearest.add(roots[g])
     return where
+
+
+class _Nearest:
+    """min(_distance(c, r) for r in the roots placed so far), without the loop: the distance to a root
+    depends only on how c relates to it (same chiplet, same package, same card, another card), so
+    it is the least of the level distances of the relations present (a layer of a mixture of
+    experts places a thousand groups, each trial asking against all of them)."""
+
+    def __init__(self, problem: Problem, roots: Iterable[int]) -> None:
+        self.target = problem.target
+        links = self.target.links
+        self.by_level = [1 + links.index(links[level]) for level in range(3)]  # as `_distance` counts
+        self.chips: set[int] = set()
+        self.packages: set[int] = set()
+        self.card_packages: dict[int, set[int]] = {}  # card -> the packages holding a root on it
+        for root in roots:
+            self.add(root)
+
+    def add(self, root: int) -> None:
+        self.chips.add(root)
+        self.packages.add(self.target.package_of(root))
+        self.card_packages.setdefault(self.target.card_of(root), set()).add(self.target.package_of(root))
+
+    def distance(self, c: int) -> int:
+        if not self.chips or c in self.chips:
+            return 0
+        package, card = self.target.package_of(c), self.target.card_of(c)
+        levels = []
+        if package in self.packages:
+            levels.append(self.by_level[0])
+        if self.card_packages.get(card, set()) - {package}:
+            levels.append(self.by_level[1])
+        if any(other != card for other in self.card_packages):
+            levels.append(self.by_level[2])
+        return min(levels)
 
 
 def _distance(problem: Problem, a: int, b: int) -> int:

@@ -50,7 +50,7 @@ nothing and compute nothing, and only channels attached to an allowed chiplet st
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -269,9 +269,17 @@ def _marginal_edge(problem: Problem, c: int, used: set[int], packages: set[int],
 def compute_chiplets(problem: Problem, where: Sequence[int], tiles: Sequence[int] | None = None) -> list[int]:
     """The chiplet each tile computes on (-1 for tiles not in `tiles` or not placed): its own for
     a resident tile, one its channel attaches to for a streamed one (module docstring)."""
-    num_c = problem.num_chiplets
-    indices = range(len(problem.tiles)) if tiles is None else tiles
     compute = [-1] * len(problem.tiles)
+    for t, c in compute_of(problem, where, range(len(problem.tiles)) if tiles is None else tiles).items():
+        compute[t] = c
+    return compute
+
+
+def compute_of(problem: Problem, where: Sequence[int], indices: Sequence[int]) -> dict[int, int]:
+    """`compute_chiplets` of the placed tiles among `indices` only, as {tile: chiplet}: in time
+    linear in `indices`, not in the whole model (the greedy asks it per group and per trial)."""
+    num_c = problem.num_chiplets
+    compute: dict[int, int] = {}
     members: dict[int, list[int]] = {}
     for t in indices:
         if where[t] < 0:
@@ -328,8 +336,7 @@ def layer_costs(problem: Problem, where: Sequence[int], tiles: Sequence[int] | N
     target = problem.target
     num_c = problem.num_chiplets
     indices = list(range(len(problem.tiles)) if tiles is None else tiles)
-    if compute is None:
-        compute = compute_chiplets(problem, where, indices)
+    chiplet: Mapping[int, int] | Sequence[int] = compute if compute is not None else compute_of(problem, where, indices)
     load: dict[int, dict[int, int]] = {}  # group -> chiplet -> ps
     slices: dict[int, dict[int, int]] = {}  # group -> chiplet -> output bytes
     stream: dict[int, dict[int, int]] = {}  # layer -> channel -> ps
@@ -341,7 +348,7 @@ def layer_costs(problem: Problem, where: Sequence[int], tiles: Sequence[int] | N
         layer = problem.tiles[t].layer
         g = problem.group_of[t]
         layer_groups.setdefault(layer, set()).add(g)
-        c = compute[t]
+        c = chiplet[t]
         per = load.setdefault(g, {})
         per[c] = per.get(c, 0) + problem.work_ps[t]
         out = slices.setdefault(g, {})
@@ -366,7 +373,7 @@ def layer_costs(problem: Problem, where: Sequence[int], tiles: Sequence[int] | N
 
 def group_cost_ps(problem: Problem, where: Sequence[int], members: Sequence[int]) -> int:
     """One group's compute, broadcast and gather (no streaming, no hand-off): the greedy's yardstick."""
-    compute = compute_chiplets(problem, where, members)
+    compute = compute_of(problem, where, members)
     load: dict[int, int] = {}
     slices: dict[int, int] = {}
     g = problem.group_of[members[0]]

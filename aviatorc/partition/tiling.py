@@ -50,6 +50,7 @@ class WeightSpec:
     nodes: tuple[str, ...] = ()
     splits: tuple[Part, ...] = ()
     tied_to: str = ""
+    expert: int = -1  # a mixture-of-experts expert's weight (its index): one placement unit
 
     @property
     def is_embedding(self) -> bool:
@@ -150,12 +151,14 @@ def tile_weight(spec: WeightSpec, unit_k: int, unit_n: int, parts: int) -> list[
 
 def tile_weights(specs: list[WeightSpec], unit_k: int, unit_n: int, parts: int, max_tile_bytes: int) -> list[Tile]:
     """Tiles of every weight: `parts` per weight, more where a tile would exceed `max_tile_bytes`
-    (so it can be packed beside others), in the order of `specs`."""
+    (so it can be packed beside others), in the order of `specs`. An expert's weight starts as
+    one tile: experts are the placement units of a mixture of experts (hundreds of them per layer
+    place whole on the chiplets, where `parts` strips each would make DeepSeek-V3 a million tiles)."""
     tiles: list[Tile] = []
     for spec in specs:
         if spec.is_alias:
             continue
-        count = parts
+        count = 1 if spec.expert >= 0 else parts
         pieces = tile_weight(spec, unit_k, unit_n, count)
         limit = spec.k if spec.is_embedding else spec.n
         unit = unit_k if spec.is_embedding else unit_n

@@ -48,7 +48,9 @@ from aviatorc.partition.tiling import Part, WeightSpec
 _LAYER = re.compile(r"(?:^|[._/])(?:layers|layer|h|blocks)[._/](\d+)(?:[._/]|$)")
 _ROLES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head",
                     "c_attn", "c_proj", "c_fc", "qkv_proj", "gate_up_proj", "dense", "fc1", "fc2", "query", "key",
-                    "value", "query_key_value", "embed_tokens", "wte"})
+                    "value", "query_key_value", "embed_tokens", "wte",
+                    # multi-head latent attention (DeepSeek-V3): the latent KV projection and the query's up-projection
+                    "kv_a_proj_with_mqa", "q_b_proj"})
 _COMPONENT = re.compile(r"[./:]")
 # Roles whose weight fuses several projections, and what its parts are called.
 _FUSED_PARTS = {3: ("q", "k", "v"), 2: ("gate", "up")}
@@ -84,6 +86,7 @@ class _Found:
     nodes: list[str] = field(default_factory=list)
     splits: tuple[Part, ...] = ()
     tied_to: str = ""
+    expert: int = -1
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,9 @@ class _Linear:
 
 def weights_from_graph(graph: Graph) -> list[WeightSpec]:
     """Every weight of `graph` the partitioner places, in graph order."""
+    from aviatorc.ir.experts import expert_nodes
+
+    experts = expert_nodes(graph)
     tables = {node.input(0).name: node.input(0) for node in graph.nodes if _is_lookup(node)}
     found: dict[str, _Found] = {}
     heads: dict[str, str] = {}  # table name -> name of the tied head spec
@@ -124,6 +130,7 @@ def weights_from_graph(graph: Graph) -> list[WeightSpec]:
                     weight.name, layer_of(weight.name), "lm_head" if weight.table is not None else role_of(weight.name),
                     weight.k, weight.n, weight.format, x.name if x is not None else weight.name, node)
                 entry.splits = _splits(node, weight.n, entry.role)
+                entry.expert = experts[node].expert if node in experts else -1
                 if weight.table is not None:
                     entry.tied_to = weight.table.name
                     heads[weight.table.name] = weight.name
@@ -134,7 +141,8 @@ def weights_from_graph(graph: Graph) -> list[WeightSpec]:
             found[head].nodes += [n for n in found[table_name].nodes if n not in found[head].nodes]
     entries = list(found.values())
     if any(e.layer is None for e in entries):
-        inferred = _structural_layers(graph, {e.name: e.first for e in entries})
+        inferred = _structural_layers(graph, {e.name: e.first for e in entries},
+                                      wanted={e.name for e in entries if e.layer is None})
         for e in entries:
             if e.layer is None:
                 e.layer = inferred.get(e.name)
@@ -228,8 +236,10 @@ _ATTENTION = ("Softmax", "Attention")  # one per attention block, in topological
 _SHAPE_ONLY = ("Shape", "Size", "ConstantOfShape")
 
 
-def _structural_layers(graph: Graph, consumers: dict[str, Node]) -> dict[str, int]:
-    """Layer indices from the attention blocks; {} when the graph has none.
+def _structural_layers(graph: Graph, consumers: dict[str, Node], wanted: set[str] | None = None) -> dict[str, int]:
+    """Layer indices from the attention blocks, of the weights in `wanted` (default all); {} when
+    the graph has none. Every weight in `consumers` still ends the cones of the others (the
+    embedding and head of a model whose other weights are named: a cone each, not one per weight).
 
     `after[v]`: the index of the last attention block among v's ancestors (-1: none). A weight
     read at `after = j` belongs to block j + 1 when its cone (what its output reaches before the
@@ -251,6 +261,8 @@ def _structural_layers(graph: Graph, consumers: dict[str, Node]) -> dict[str, in
     outputs = {id(v) for v in graph.outputs}
     layers: dict[str, int] = {}
     for name, node in consumers.items():
+        if wanted is not None and name not in wanted:
+            continue
         if node.op == "Gather":
             layers[name] = -1
             continue
@@ -352,7 +364,7 @@ def _with_layers(found: list[_Found]) -> list[WeightSpec]:
         else:
             layer = last + 1 if seen_numbered or f.role == "lm_head" else -1
         specs.append(WeightSpec(f.name, layer, f.role, f.k, f.n, f.format, f.input, tuple(f.nodes), f.splits,
-                                f.tied_to))
+                                f.tied_to, f.expert))
     return specs
 
 

@@ -152,12 +152,18 @@ def calibrate_sequentially(
     hessian: bool,
     reference: Graph | None = None,
     percentile: float = 99.99,
+    routed: Mapping[str, tuple[str, int]] | None = None,
 ) -> SequentialRun:
     """Statistics of each stage's named values (MatMul inputs) over all batches, from `graph` with
     every earlier stage rewritten; `rewrite(index, stats)` rewrites the stage before the next one.
 
     With `reference` (the graph before any rewriting, holding values of the same names) and
-    `hessian`, each statistic also gets the cross term X^T X_ref (`corrected_target`)."""
+    `hessian`, each statistic also gets the cross term X^T X_ref (`corrected_target`).
+    `routed` maps a value inside an expert (`aviatorc.ir.experts`) to its block's routing value and
+    the expert's index: its statistics keep only the rows of the tokens that routing sends to
+    the expert (in this graph, as rewritten so far), so GPTQ fits each expert to the tokens that
+    reach it; an expert no token reaches gets statistics of 0 tokens."""
+    routed = routed or {}
     feeds = check_batches(graph, batches)
     walk = Frontier(graph, feeds)
     masks = [token_mask(graph, feed) for feed in feeds]
@@ -165,19 +171,22 @@ def calibrate_sequentially(
     ref_walk = Frontier(reference, check_batches(reference, batches)) if reference is not None and hessian else None
     for index, stage in enumerate(stages):
         names = tuple(dict.fromkeys(stage))
-        targets = walk.find(names)
+        routings = tuple(dict.fromkeys(routed[name][0] for name in names if name in routed))
+        targets = walk.find(names + routings)
         plan = walk.plan(targets)
         if ref_walk is not None:
             ref_targets = ref_walk.find(names)
             ref_plan = ref_walk.plan(ref_targets)
         stats: dict[str, ActivationStats] = {}
         for batch in range(len(feeds)):  # batch by batch, then the stage's values in order: as accumulated before
-            xs = walk.run(batch, plan, targets)
+            arrays = walk.run(batch, plan, targets)
+            xs, routing = arrays[: len(names)], dict(zip(routings, arrays[len(names):], strict=True))
             xs_ref = ref_walk.run(batch, ref_plan, ref_targets) if ref_walk is not None else [None] * len(xs)
             for name, x, x_ref in zip(names, xs, xs_ref):
                 if name not in stats:
                     stats[name] = ActivationStats(int(x.shape[-1]))
-                stats[name].add(x, hessian=hessian, percentile=percentile, x_ref=x_ref, real=masks[batch])
+                stats[name].add(x, hessian=hessian, percentile=percentile, x_ref=x_ref,
+                                real=_rows(masks[batch], routing, routed.get(name)))
         if index == 0 and stats:
             tokens = next(iter(stats.values())).tokens  # the rows every stage's statistics hold
         rewrite(index, stats)
@@ -186,3 +195,15 @@ def calibrate_sequentially(
             ref_walk.rewritten()  # nothing rewrites the reference: this only drops what no stage needs now
     return SequentialRun(len(stages), walk.evaluations, ref_walk.evaluations if ref_walk is not None else 0,
                          tokens, sum(int(m.size - m.sum()) for m in masks if m is not None))
+
+
+def _rows(real: np.ndarray | None, routing: Mapping[str, np.ndarray], expert: tuple[str, int] | None) -> np.ndarray | None:
+    """The rows a statistic keeps: real tokens (`real`, [B, S]), and of those, for a value inside an
+    expert, the ones its routing sends there (routing [tokens, E], one row per position)."""
+    if expert is None:
+        return real
+    name, index = expert
+    chosen = np.asarray(routing[name])[..., index].reshape(-1) != 0
+    if real is None or real.size != chosen.size:
+        return chosen
+    return real.reshape(-1) & chosen

@@ -31,9 +31,11 @@ ATTENTION_OPS = ("Softmax", "Attention")
 SHAPE_OPS = frozenset({"Reshape", "Flatten", "Unsqueeze", "Squeeze", "Transpose", "Expand", "Tile", "Concat", "Split",
                        "Slice", "Shape", "Size", "ConstantOfShape", "Range", "Identity", "Cast", "Gather",
                        "GatherElements", "GatherND"})
-_K_ROLES = {"k", "k_proj", "key", "k_lin", "wk", "to_k"}
+# With multi-head latent attention the cache holds kv_a_proj_with_mqa's output (the latent and the
+# shared rotary key), so its width is the layer's whole KV width; its query is q_b_proj's output.
+_K_ROLES = {"k", "k_proj", "key", "k_lin", "wk", "to_k", "kv_a_proj_with_mqa"}
 _V_ROLES = {"v", "v_proj", "value", "v_lin", "wv", "to_v"}
-_Q_ROLES = {"q", "q_proj", "query", "q_lin", "wq", "to_q"}
+_Q_ROLES = {"q", "q_proj", "query", "q_lin", "wq", "to_q", "q_b_proj"}
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,9 @@ def _attention_widths(tiles: Sequence[Tile]) -> tuple[dict[int, int], dict[int, 
     kv: dict[int, set[tuple[str, int, int]]] = {}
     for tile in tiles:
         parts = tile.parts or ((tile.role, tile.n_start, tile.n_stop),)
-        for role, start, stop in parts:
+        for part_role, start, stop in parts:
+            # a split the partitioner could not name ("part0": MLA's latent / rotary key split) is its weight's
+            role = tile.role if part_role.startswith("part") else part_role
             key = (tile.weight + ":" + role, start, stop)
             if role in _Q_ROLES:
                 q.setdefault(tile.layer, set()).add(key)

@@ -1,6 +1,7 @@
 """Real plans of the tiny llama for the plan checker and plan IR tests (fixtures: conftest.py).
 
-`CASES` names each plan: the default mock target (everything resident), small SRAM so that
+`CASES` names each plan: the default mock target (everything resident), SRAM small enough that
+the resident tiles spread over several chiplets (with transfers between them), small SRAM so that
 tiles stream, the KV cache streamed from LPDDR, prefetch off, two cards, plans confined
 to a subset of the chiplets, and LPDDR with one channel per chiplet (the mock target pools one
 channel per card; `corsair` has one per chiplet).
@@ -17,6 +18,9 @@ from aviatorc.plan.plan import Plan
 from aviatorc.schedule import Workload, model_facts, plan_memory, schedule
 from aviatorc.target import Target, load_target
 
+# At the mock target's own SRAM the tiny llama, its KV cache and its home share one chiplet (no
+# transfers); at this size every tile is still resident, on three chiplets that send to each other.
+SPREAD_SRAM_BYTES = 24576
 STREAMING_SRAM_BYTES = 16384  # the tiny llama's ~35 KB of int8 weights stream at this size on 4 chiplets
 WORKLOAD = Workload(batch=1, context=64, prompt=8)
 
@@ -33,11 +37,12 @@ class Case:
 
 CASES: dict[str, Case] = {
     "resident": Case(),
+    "resident-spread": Case(sram_bytes=SPREAD_SRAM_BYTES),
     "streaming": Case(sram_bytes=STREAMING_SRAM_BYTES),
     "streaming-kv": Case(sram_bytes=STREAMING_SRAM_BYTES, kv="lpddr"),
     "no-prefetch": Case(sram_bytes=STREAMING_SRAM_BYTES, kv="lpddr", prefetch=False),
     "two-cards": Case(cards=2, sram_bytes=STREAMING_SRAM_BYTES),
-    "subset": Case(chiplets=(0, 1)),
+    "subset": Case(sram_bytes=SPREAD_SRAM_BYTES, chiplets=(0, 1)),  # on both, sending between them
     "subset-streaming": Case(sram_bytes=32768, chiplets=(1, 2)),
     "chiplet-channels": Case(sram_bytes=STREAMING_SRAM_BYTES, lpddr_attach="chiplet"),
 }

@@ -138,6 +138,16 @@ def test_streaming_cases_really_stream(plan_for: PlanFor, case: str) -> None:
     assert counts.get("load", 0) > 0 and counts["load"] == counts["wait"] == counts["free"]
 
 
+def test_resident_spread_case_is_resident_on_several_chiplets(plan_for: PlanFor) -> None:
+    """The resident cases below corrupt transfers and streams of a plan that streams nothing: they
+    rest on this one holding every tile in SRAM on more than one chiplet, with sends between them."""
+    plan = plan_for("resident-spread").plan
+    assert not any(t.streamed for t in plan.tiles)
+    program = plan.programs["decode"]
+    assert len({t.chiplet for t in plan.tiles}) > 1 and len(program.streams) > 1
+    assert program.count().get("send", 0) > 0
+
+
 def test_chiplet_channels_case_has_a_channel_per_chiplet(plan_for: PlanFor) -> None:
     """The per-chiplet-channel case really has several channels, and its loads name one of them
     (the pooled mock has one): the wrong-channel cases below rest on it."""
@@ -434,7 +444,7 @@ def test_staging_a_resident_tile(plan_for: PlanFor) -> None:
 
 
 def test_undeclared_buffer(plan_for: PlanFor) -> None:
-    built = plan_for("resident")
+    built = plan_for("resident-spread")
     program = program_of(built)
     c, step, ins = next((c, s, i) for c, s, i in program.instructions() if isinstance(i, Compute) and i.bufs)
     program.streams[c][step] = dataclasses.replace(ins, bufs=("w.nowhere",))
@@ -444,7 +454,7 @@ def test_undeclared_buffer(plan_for: PlanFor) -> None:
 
 
 def test_resident_tile_read_on_another_chiplet(plan_for: PlanFor) -> None:
-    built = plan_for("resident")
+    built = plan_for("resident-spread")
     program = program_of(built)
     c, _, ins = next((c, s, i) for c, s, i in program.instructions() if isinstance(i, Compute) and i.bufs
                      and program.buffers[i.bufs[0]].kind == "resident")
@@ -458,7 +468,7 @@ def test_resident_tile_read_on_another_chiplet(plan_for: PlanFor) -> None:
 
 
 def test_resident_buffer_where_the_plan_does_not_keep_it(plan_for: PlanFor) -> None:
-    built = plan_for("resident")
+    built = plan_for("resident-spread")
     program = program_of(built)
     buffer = next(b for b in program.buffers.values() if b.kind == "resident")
     assert buffer.tile is not None
@@ -483,7 +493,7 @@ def test_staged_tile_computed_off_its_compute_chiplet(plan_for: PlanFor) -> None
 
 
 def test_missing_resident_buffer(plan_for: PlanFor) -> None:
-    built = plan_for("resident")
+    built = plan_for("resident-spread")
     program = program_of(built)
     buffer = next(b for b in program.buffers.values() if b.kind == "resident")
     del program.buffers[buffer.name]
@@ -515,7 +525,7 @@ def test_held_bytes_counts_everything_but_staging(plan_for: PlanFor) -> None:
 
 
 def test_over_capacity_with_less_sram(plan_for: PlanFor) -> None:
-    built = plan_for("resident")
+    built = plan_for("resident-spread")
     program = program_of(built)
     held = held_bytes(program)
     sram = max(held.values()) - 1
@@ -570,7 +580,7 @@ def test_staging_within_capacity_is_counted_from_load_to_free(plan_for: PlanFor)
 
 
 def test_unmatched_recv(plan_for: PlanFor) -> None:
-    built = plan_for("resident")
+    built = plan_for("resident-spread")
     program = program_of(built)
     src, send_step, send, dst, recv_step = sole_transfer(program)
     del program.streams[src][send_step]
@@ -583,7 +593,7 @@ def test_unmatched_recv(plan_for: PlanFor) -> None:
 def test_recv_of_another_part(plan_for: PlanFor) -> None:
     """A value and a part of it are different transfers: a recv of the whole value does not
     match a send of its columns (and the other way round)."""
-    built = plan_for("resident")
+    built = plan_for("resident-spread")
     program = program_of(built)
     src, send_step, send, dst, recv_step = sole_transfer(program)
     recv = program.streams[dst][recv_step]
@@ -596,7 +606,7 @@ def test_recv_of_another_part(plan_for: PlanFor) -> None:
 
 
 def test_recv_of_other_bytes(plan_for: PlanFor) -> None:
-    built = plan_for("resident")
+    built = plan_for("resident-spread")
     program = program_of(built)
     src, send_step, send, dst, recv_step = sole_transfer(program)
     recv = program.streams[dst][recv_step]
@@ -608,7 +618,7 @@ def test_recv_of_other_bytes(plan_for: PlanFor) -> None:
 
 
 def test_unmatched_send(plan_for: PlanFor) -> None:
-    built = plan_for("resident")
+    built = plan_for("resident-spread")
     program = program_of(built)
     src, send_step, _, dst, recv_step = sole_transfer(program)
     del program.streams[dst][recv_step]
@@ -618,7 +628,7 @@ def test_unmatched_send(plan_for: PlanFor) -> None:
 
 
 def test_duplicate_transfer(plan_for: PlanFor) -> None:
-    built = plan_for("resident")
+    built = plan_for("resident-spread")
     program = program_of(built)
     src, send_step, _, dst, recv_step = sole_transfer(program)
     program.streams[dst].insert(recv_step + 1, program.streams[dst][recv_step])
@@ -628,7 +638,7 @@ def test_duplicate_transfer(plan_for: PlanFor) -> None:
 
 
 def test_unmatched_wait(plan_for: PlanFor) -> None:
-    built = plan_for("resident")
+    built = plan_for("resident-spread")
     program = program_of(built)
     c = min(program.streams)
     program.streams[c].insert(0, Wait("ghost"))
@@ -650,7 +660,7 @@ def test_wait_on_another_streams_load(plan_for: PlanFor) -> None:
 
 
 def test_signal_and_wait_across_streams(plan_for: PlanFor) -> None:
-    built = plan_for("resident")
+    built = plan_for("resident-spread")
     program = program_of(built)
     a, b = sorted(program.streams)[:2]
     program.streams[a].insert(0, Signal("ready"))
@@ -664,7 +674,7 @@ def test_signal_and_wait_across_streams(plan_for: PlanFor) -> None:
 def test_deadlock_two_streams_recv_before_they_send(plan_for: PlanFor) -> None:
     """Stream a sends x to b and later receives y from b, which b sends after receiving x.
     Moving a's recv of y before its send of x makes each wait for the other."""
-    built = plan_for("resident")
+    built = plan_for("resident-spread")
     program = program_of(built)
     streams = program.streams
     found = None
@@ -699,7 +709,7 @@ def test_deadlock_two_streams_recv_before_they_send(plan_for: PlanFor) -> None:
 
 
 def test_deadlock_on_signals(plan_for: PlanFor) -> None:
-    built = plan_for("resident")
+    built = plan_for("resident-spread")
     program = program_of(built)
     a, b = sorted(program.streams)[:2]
     program.streams[a][0:0] = [Wait("e1"), Signal("e2")]
@@ -767,7 +777,7 @@ def test_send_outside_the_allowed_chiplets(plan_for: PlanFor) -> None:
 
 
 def test_unknown_chiplet_and_wrong_target(plan_for: PlanFor) -> None:
-    built = plan_for("resident")
+    built = plan_for("resident-spread")
     error = rejected(built, program_of(built), chiplets=(0, 1, 2, 3, 4))
     assert error.check == "unknown-chiplet"
     assert str(error) == "allowed chiplet 4 does not exist: the target 'mock' has chiplets 0..3"

@@ -22,10 +22,12 @@ from tests.quant.tiny_models import encoder_batches, lm_batches, shared_weight, 
 
 def per_stage_evaluation(graph: Graph, batches: Sequence[Mapping[str, np.ndarray]], stages: Sequence[Sequence[str]],
                          rewrite: StageRewrite, *, hessian: bool, reference: Graph | None = None,
-                         percentile: float = 99.99) -> SequentialRun:
+                         percentile: float = 99.99, routed: Mapping[str, tuple[str, int]] | None = None) -> SequentialRun:
     """The path the passes took before the driver: each stage runs the rewritten graph from its
     inputs up to the stage's MatMuls (`evaluate(..., only_kept=True)`), and the unrewritten
-    graph once for all stages' values. Kept here as the oracle the driver must match bit for bit."""
+    graph once for all stages' values. Kept here as the oracle the driver must match bit for bit
+    (on dense graphs: it keeps no expert's routed rows)."""
+    assert not routed
     feeds = check_batches(graph, batches)
     every = tuple(dict.fromkeys(name for names in stages for name in names))
     kept_ref = ([evaluate(reference, feed, keep=every, only_kept=True) for feed in feeds]

@@ -56,18 +56,24 @@ def import_torch(module: torch.nn.Module, example_inputs: Any = None, *, shape_o
 
 def import_program(ep: Any, *, shape_only: bool = False, symbol_names: dict[str, str] | None = None,
                    name: str = "main") -> Graph:
-    """Lower an `ExportedProgram` to a verified IR graph (decomposing only what we lack)."""
-    from aviatorc.frontends.torch import aten, exporter
+    """Lower an `ExportedProgram` to a verified IR graph (decomposing only what we lack); its
+    mixture-of-experts blocks become the IR's MoE ops (`aviatorc.frontends.torch.moe`)."""
+    from aviatorc.frontends.torch import aten, exporter, moe
     from aviatorc.frontends.torch.importer import lower_program, unconvertible
     from aviatorc.ir import fold_constants, verify
 
     table = aten.load()
-    if unconvertible(ep, table):
-        ep = exporter.decompose_unsupported(ep, frozenset(table))
-    missing = unconvertible(ep, table)
+    blocks = moe.find_blocks(ep)
+    if unconvertible(ep, table, moe.unsupported_in_blocks(blocks)):
+        # the blocks' own ops are kept whole, so the blocks are found again in the new program
+        keep = frozenset(table).union(*(block.op_keys for block in blocks))
+        ep = exporter.decompose_unsupported(ep, keep)
+        blocks = moe.find_blocks(ep)
+    missing = unconvertible(ep, table, moe.unsupported_in_blocks(blocks))
     if missing:
         raise UnsupportedOpsError(missing)
-    graph = lower_program(ep, table, shape_only=shape_only, symbol_names=symbol_names or {}, name=name)
+    graph = lower_program(ep, table, shape_only=shape_only, symbol_names=symbol_names or {}, name=name,
+                          blocks=blocks)
     fold_constants(graph)
     remove_dead_nodes(graph)
     graph.metadata["frontend"] = "torch.export"

@@ -37,6 +37,6 @@ def supported_keys() -> frozenset[str]:
 
 def load() -> dict[str, Callable[[Any, Any], Any]]:
     """The full table (importing the family modules registers their converters)."""
-    from aviatorc.frontends.torch import aten_elementwise, aten_nn, aten_shape  # noqa: F401
+    from aviatorc.frontends.torch import aten_complex, aten_elementwise, aten_nn, aten_shape  # noqa: F401
 
     return TABLE

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from aviatorc.frontends.torch.aten import converts
-from aviatorc.frontends.torch.importer import Lowering, Unsupported, dtype_of
+from aviatorc.frontends.torch.importer import Lowering, Unsupported, dtype_of, same_weight
 from aviatorc.ir import Value
 
 
@@ -64,6 +64,28 @@ converts("aten.sub")(_arith("Sub"))
 converts("aten.mul")(_arith("Mul"))
 
 
+def _in_place(convert: Any) -> Any:
+    """An in-place op (`add_`) as its functional form, when no later node reads the tensor it
+    overwrote (`out.add_(bias)` in transformers' experts, Llama 4's `out.add_(routed)`); else
+    unsupported, as the later reader would need the written value."""
+
+    def converted(cx: Lowering, node: Any) -> Value:
+        target = node.args[0]
+        later = node.next
+        while later.op != "root":
+            if later in target.users:
+                raise Unsupported(f"{node.target} on a tensor read again afterwards ('{later.name}')")
+            later = later.next
+        return convert(cx, node)  # type: ignore[no-any-return]
+
+    return converted
+
+
+converts("aten.add_")(_in_place(_arith("Add")))
+converts("aten.sub_")(_in_place(_arith("Sub")))
+converts("aten.mul_")(_in_place(_arith("Mul")))
+
+
 @converts("aten.rsub")
 def rsub(cx: Lowering, node: Any) -> Value:
     """rsub(self, other, alpha): other - alpha * self."""
@@ -92,6 +114,9 @@ def div(cx: Lowering, node: Any) -> Value:
     if dtype.startswith(("int", "uint")):
         return _floor_div_int(cx, x, y)
     return cx.op("Floor", [cx.op("Div", [x, y])])
+
+
+converts("aten.div_")(_in_place(div))
 
 
 def _floor_div_int(cx: Lowering, x: Value, y: Value) -> Value:
@@ -349,12 +374,15 @@ def elu(cx: Lowering, node: Any) -> Value:
 @converts("aten.to", "aten._to_copy", "aten.type_as", "aten.clone", "aten.contiguous", "aten.alias",
           "aten.detach", "aten.detach_", "aten.lift_fresh_copy", "aten.dropout", "aten.feature_dropout", "aten.alpha_dropout",
           "aten._unsafe_view_copy", "aten.resolve_conj", "aten.resolve_neg", "aten.copy")
-def passthrough(cx: Lowering, node: Any) -> Value:
+def passthrough(cx: Lowering, node: Any) -> Any:
     """Ops that keep the values: the importer casts to torch's dtype afterwards. (`detach_` is in
     place, but changes no value: the graph's other readers of its input see the same values.)"""
     key = str(node.target)
     if key.startswith("aten.copy."):
         return cx.value(node.args[1])  # copy(self, src): src's values in self's shape (same here)
+    weight = cx.weight_or_none(node.args[0])
+    if weight is not None and same_weight(node, node.args[0]):
+        return weight  # still the parameter: a linear reading it gets the stored [K, N] form
     return cx.value(node.args[0])
 
 

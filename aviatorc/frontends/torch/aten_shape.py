@@ -214,6 +214,60 @@ def slice_(cx: Lowering, node: Any) -> Value:
     return cx.op("Slice", [x, _index_value(cx, start), _index_value(cx, end), cx.ints([dim]), cx.ints([int(step)])])
 
 
+@converts("aten.slice_scatter")
+def slice_scatter(cx: Lowering, node: Any) -> Value:
+    """slice_scatter(self, src, dim, start, end, step=1): self with [start, end) along dim replaced by src."""
+    a = cx.args()
+    return _scatter_slice(cx, a["self"], cx.value(a["src"], cx.out_dtype()), a.get("dim", 0), a.get("start"),
+                          a.get("end"), a.get("step"))
+
+
+def _scatter_slice(cx: Lowering, base: Any, src: Value, dim: Any, start: Any, end: Any, step: Any) -> Value:
+    """The FX tensor `base` with [start, end) along `dim` replaced by `src`: the concat of what lies
+    before, `src` and what lies after (static bounds, step 1)."""
+    x = cx.value(base)
+    sizes = _sizes(cx, cx.meta(base))
+    dim = _norm(int(dim), len(sizes))
+    if (step or 1) != 1:
+        raise Unsupported("a slice write with a step")
+    first = cx.scalar(start) if start is not None else 0
+    last = cx.scalar(end) if end is not None else INT64_MAX
+    size = sizes[dim]
+    if not isinstance(first, int) or not isinstance(last, int) or not isinstance(size, int):
+        raise Unsupported("a slice write with symbolic bounds")
+    first, last = (min(max(v + size if v < 0 else v, 0), size) for v in (first, last))
+    axis = cx.ints([dim])
+    pieces = []
+    if first > 0:
+        pieces.append(cx.op("Slice", [x, cx.ints([0]), cx.ints([first]), axis]))
+    pieces.append(cx.cast(src, x.type.dtype))
+    if last < size:
+        pieces.append(cx.op("Slice", [x, cx.ints([last]), cx.ints([size]), axis]))
+    return pieces[0] if len(pieces) == 1 else cx.op("Concat", pieces, {"axis": dim})
+
+
+_FRESH = ("aten.new_empty", "aten.empty", "aten.new_zeros", "aten.zeros", "aten.empty_like", "aten.zeros_like")
+
+
+@converts("aten.copy_")
+def copy_(cx: Lowering, node: Any) -> Value:
+    """copy_(slice of a fresh tensor, src): the fresh tensor's value becomes itself with that slice
+    replaced, for the nodes after this one (DeepSeek-V3 fills its keys with
+    `key[..., :nope].copy_(k_nope)` and `key[..., nope:].copy_(k_rot)` on a `new_empty` tensor).
+    Other in-place copies are unsupported: a write through an arbitrary view is not tracked."""
+    from aviatorc.frontends.torch.importer import op_key
+
+    dst, src = node.args[0], node.args[1]
+    if op_key(dst.target) != "aten.slice" or op_key(dst.args[0].target) not in _FRESH:
+        raise Unsupported("aten.copy_ into a tensor other than a slice of a new one")
+    base = dst.args[0]
+    args = cx.args(dst)
+    value = cx.value(src, cx.out_dtype())
+    cx.env[base] = _scatter_slice(cx, base, value, args.get("dim", 0), args.get("start"), args.get("end"),
+                                  args.get("step"))
+    return value
+
+
 @converts("aten.narrow")
 def narrow(cx: Lowering, node: Any) -> Value:
     a = cx.args()

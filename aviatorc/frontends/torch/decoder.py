@@ -10,6 +10,10 @@ token), one sequence or a batch of them:
              past_key_values.N.key / .value [batch, kv_heads, past, head_dim] for each layer N
     outputs: logits [batch, new, vocab], present.N.key / .value [batch, kv_heads, past + new, head_dim]
 
+(with multi-head latent attention, DeepSeek-V3, "key" is the compressed latent [batch, 1, past,
+kv_lora_rank] and "value" the shared rotary key [batch, 1, past, qk_rope_head_dim]: what the
+model caches; see `cache_shapes`)
+
 (the names of Hugging Face's ONNX exporters, which `aviatorc.runtime.cache` recognizes). The
 model is wrapped so the cache is plain tensors (`DecodeStep` rebuilds a `DynamicCache` from
 them) and exported with `torch.export`.
@@ -63,7 +67,10 @@ def decode_step_class() -> type[torch.nn.Module]:
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                     *past_kv: torch.Tensor) -> tuple[torch.Tensor, ...]:
             cfg: Any = self.inner.config
-            cache = DynamicCache(config=cfg)
+            # Full-length layers for every layer type: a sliding-window or chunked layer of the
+            # config's own cache keeps only its window, but present = past + new for the runtime;
+            # the model's masks apply the window, as they do over a static cache.
+            cache = DynamicCache()
             for layer in range(cfg.num_hidden_layers):
                 cache.update(past_kv[2 * layer], past_kv[2 * layer + 1], layer)
             out = self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -74,13 +81,29 @@ def decode_step_class() -> type[torch.nn.Module]:
     return DecodeStep
 
 
-def cache_shape(model: Any) -> tuple[int, int]:
-    """(kv_heads, head_dim) of the model's cache, from its config."""
-    cfg = model.config
-    heads = cfg.num_attention_heads
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    return int(kv_heads), int(head_dim)
+def cache_shapes(model: Any) -> list[tuple[int, int]]:
+    """(heads, width) of each cache tensor (key_0, value_0, key_1, ...), as the model writes them.
+
+    Read off one token run through the model with an empty cache (on the meta device when the
+    model is there), so every layout comes out right: grouped-query K and V [kv_heads, head_dim],
+    and DeepSeek-V3's multi-head latent attention, whose cache holds the compressed latent
+    [1, kv_lora_rank] and the shared rotary key [1, qk_rope_head_dim] instead of per-head K and V."""
+    import torch
+    from transformers import DynamicCache
+
+    from aviatorc.frontends.torch import exporter
+
+    device = "meta" if exporter.parameter_device(model) == "meta" else "cpu"
+    cache = DynamicCache()
+    ids = torch.zeros((1, 1), dtype=torch.int64, device=device)
+    with torch.no_grad():
+        model(input_ids=ids, cache=cache, use_cache=True)
+    shapes = []
+    for layer in cache.layers:
+        layer_any: Any = layer  # a DynamicLayer: keys and values [batch, heads, seq, width]
+        for tensor in (layer_any.keys, layer_any.values):
+            shapes.append((int(tensor.shape[1]), int(tensor.shape[3])))
+    return shapes
 
 
 def example_step(model: Any, new: int = EXAMPLE_NEW, past: int = EXAMPLE_PAST, seed: int = 0,
@@ -93,14 +116,12 @@ def example_step(model: Any, new: int = EXAMPLE_NEW, past: int = EXAMPLE_PAST, s
 
     device = "meta" if exporter.parameter_device(model) == "meta" else "cpu"
     dtype = next(model.parameters()).dtype
-    kv_heads, head_dim = cache_shape(model)
     gen = torch.Generator().manual_seed(seed)
     vocab = int(model.config.vocab_size)
     ids = torch.randint(0, vocab, (batch, new), generator=gen, dtype=torch.int64)
     mask = torch.ones(batch, past + new, dtype=torch.int64)
     positions = torch.arange(past, past + new, dtype=torch.int64).expand(batch, new).contiguous()
-    cache = [torch.randn(batch, kv_heads, past, head_dim, generator=gen).to(dtype)
-             for _ in range(2 * model.config.num_hidden_layers)]
+    cache = [torch.randn(batch, heads, past, width, generator=gen).to(dtype) for heads, width in cache_shapes(model)]
     return tuple(t.to(device) for t in (ids, mask, positions, *cache))
 
 

@@ -9,6 +9,8 @@
   (`ep.run_decompositions` with a table that keeps ours), so `linear`,
   `scaled_dot_product_attention` or `layer_norm` keep their one-node form.
 - Errors from torch.export become an `AviatorError` carrying the first line of torch's message.
+- A transformers mixture of experts exports through its grouped-matmul experts implementation
+  (`_grouped_experts`), the form the MoE lowering recognizes.
 """
 
 from __future__ import annotations
@@ -96,6 +98,34 @@ def _no_stack_traces() -> Iterator[None]:
         config.do_not_emit_stack_traces = saved
 
 
+@contextlib.contextmanager
+def _grouped_experts(module: torch.nn.Module) -> Iterator[None]:
+    """Export a transformers mixture of experts through its grouped-matmul experts implementation
+    (transformers' default, what `aviatorc.frontends.torch.moe` recognizes): the "eager" one loops
+    over the experts a token reaches (data-dependent control flow torch.export cannot trace) and
+    "batched_mm" gathers each token's expert weights; all three compute the same function.
+    The module's own setting is restored afterwards."""
+    found: dict[int, Any] = {}
+    for m in module.modules():
+        config: Any = getattr(m, "config", None)
+        if getattr(config, "_experts_implementation", None) in ("eager", "batched_mm"):
+            found[id(config)] = config
+    configs = list(found.values())
+    experts = any(type(m).__name__.endswith("Experts") and hasattr(m, "has_gate") for m in module.modules())
+    if not experts or not configs:
+        yield
+        return
+    saved = [c._experts_implementation for c in configs]
+    _logger.info("exporting the experts through transformers' grouped_mm implementation (was %s)", saved[0])
+    for config in configs:
+        config._experts_implementation = "grouped_mm"
+    try:
+        yield
+    finally:
+        for config, value in zip(configs, saved, strict=True):
+            config._experts_implementation = value
+
+
 def export(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *,
            dynamic_shapes: Any = None, meta: bool = False) -> Any:
     """`torch.export.export(module, args, kwargs, strict=False)`, errors made readable."""
@@ -105,7 +135,7 @@ def export(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
         args, kwargs = _to_meta(args), _to_meta(kwargs)
     try:
         with stage(_logger, f"exporting {type(module).__name__} with torch.export"), _eval_mode(module), \
-                torch.no_grad(), _no_stack_traces():
+                torch.no_grad(), _no_stack_traces(), _grouped_experts(module):
             return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
     except AviatorError:
         raise

@@ -26,7 +26,7 @@ one `UnsupportedOpsError`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -48,6 +48,18 @@ class Unsupported(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
+class Complex:
+    """A complex tensor as its real and imaginary parts (the IR has no complex element type):
+    Llama 4's rotary multiplies `view_as_complex` pairs by `polar` frequencies (`aten_complex`)."""
+
+    re: Value
+    im: Value
+
+
+REAL_PARTS = {"torch.complex64": "float32", "torch.complex128": "float64"}
+
+
+@dataclasses.dataclass(frozen=True)
 class Sym:
     """A symbolic integer (a SymInt's sympy expression) not yet materialized as a tensor."""
 
@@ -59,6 +71,7 @@ class _Poisoned:
 
 
 POISONED = _Poisoned()
+_ABSENT = object()
 
 
 @dataclasses.dataclass
@@ -78,9 +91,31 @@ class _Weight:
 _TRANSPOSE_USES = ("aten.t.", "aten.numpy_T.")
 
 
+# Casts that leave a weight as it is when the dtype does not change (DeepSeek-V3's router reads
+# `self.weight.type(torch.float32)` of a float32 weight): the weight is still the parameter.
+_SAME_WEIGHT = ("aten.to.", "aten._to_copy.", "aten.type_as.", "aten.clone.", "aten.contiguous.", "aten.alias.",
+                "aten.detach.")
+
+
+def same_weight(node: Any, weight_node: Any) -> bool:
+    """Whether `node` is `weight_node` cast to its own dtype (or copied): the same weight."""
+    if not str(node.target).startswith(_SAME_WEIGHT) or not node.args or node.args[0] is not weight_node:
+        return False
+    val, source = node.meta.get("val"), weight_node.meta.get("val")
+    return val is not None and source is not None and getattr(val, "dtype", None) == getattr(source, "dtype", None)
+
+
+def read_transposed(weight_node: Any) -> bool:
+    """Whether every read of `weight_node` (its metadata asserts aside) is a transposed one."""
+    uses = [u for u in weight_node.users if not str(u.target).startswith("aten._assert_tensor_metadata")]
+    return bool(uses) and all(_is_transposed_use(user, weight_node) for user in uses)
+
+
 def _is_transposed_use(node: Any, weight_node: Any) -> bool:
-    """Whether `node` reads the 2-D weight `weight_node` as its transpose."""
+    """Whether `node` reads the 2-D weight `weight_node` as its transpose (through same-dtype casts)."""
     name = str(node.target)
+    if same_weight(node, weight_node):
+        return read_transposed(node)
     if name.startswith("aten.linear.") and len(node.args) > 1 and node.args[1] is weight_node:
         return True
     if name.startswith(_TRANSPOSE_USES):
@@ -105,6 +140,7 @@ class Lowering:
         self._sym_sources: dict[str, tuple[Value, int]] = {}  # symbol name -> (graph input, axis)
         self._sym_cache: dict[str, Value] = {}  # str(expr) -> materialized int64 scalar
         self._const_cache: dict[tuple[str, bytes, tuple[int, ...]], Value] = {}
+        self._dim_cache: dict[Any, str] = {}  # sympy expression -> its IR dim name
 
     # -- types ------------------------------------------------------------------------------
 
@@ -117,10 +153,12 @@ class Lowering:
             return int(expr)
         if expr.is_Symbol:
             return self.symbol_names.get(str(expr), str(expr))
-        import sympy
+        if expr not in self._dim_cache:  # renaming and printing an expression is slow; programs repeat a few
+            import sympy
 
-        renamed = expr.subs({s: sympy.Symbol(self.symbol_names.get(str(s), str(s))) for s in expr.free_symbols})
-        return str(renamed).replace(" ", "")
+            renamed = expr.subs({s: sympy.Symbol(self.symbol_names.get(str(s), str(s))) for s in expr.free_symbols})
+            self._dim_cache[expr] = str(renamed).replace(" ", "")
+        return self._dim_cache[expr]
 
     def tensor_type(self, val: torch.Tensor) -> TensorType:
         return TensorType(dtype_of(val.dtype), tuple(self.dim(d) for d in val.shape))
@@ -329,6 +367,26 @@ class Lowering:
             w.transposed = self.graph.add_initializer(name, type, Derived(w.data, _transpose_2d))
         return w.transposed
 
+    def convert_with(self, node: Any, converter: Converter, values: Mapping[Any, Any], *, settle: bool = True) -> Any:
+        """`converter` run on `node` with the inputs in `values` read as given (the rest from the
+        walk), its result settled against torch's meta value unless `settle` is False; the walk's
+        state is left as it was. The MoE lowering re-emits an expert's gate this way, once per
+        expert; complex values are converted a part at a time this way."""
+        saved = {arg: self.env.get(arg, _ABSENT) for arg in values}
+        node_before = self.node
+        self.env.update(values)
+        self.node = node
+        try:
+            result = converter(self, node)
+            return _settle(self, node, result) if settle else result
+        finally:
+            for arg, value in saved.items():
+                if value is _ABSENT:
+                    del self.env[arg]
+                else:
+                    self.env[arg] = value
+            self.node = node_before
+
     def weight_or_none(self, arg: Any) -> _Weight | None:
         """The weight an FX argument names directly, else None."""
         import torch.fx
@@ -434,9 +492,13 @@ Converter = Callable[[Lowering, Any], Any]
 
 
 def lower_program(ep: Any, table: Mapping[str, Converter], *, shape_only: bool,
-                  symbol_names: Mapping[str, str], name: str = "main") -> Graph:
-    """Convert an ExportedProgram to an IR graph (not yet verified)."""
+                  symbol_names: Mapping[str, str], name: str = "main", blocks: Sequence[Any] = ()) -> Graph:
+    """Convert an ExportedProgram to an IR graph (not yet verified). `blocks` are the program's
+    MoE blocks (`moe.find_blocks`): each is lowered as a whole at its output node, and none of
+    its other nodes is converted on its own."""
     from torch.export.graph_signature import InputKind
+
+    from aviatorc.frontends.torch.moe import emit_block
 
     graph = Graph(name)
     cx = Lowering(graph, shape_only=shape_only, symbol_names=symbol_names)
@@ -444,6 +506,7 @@ def lower_program(ep: Any, table: Mapping[str, Converter], *, shape_only: bool,
     state = {**ep.state_dict, **ep.constants}
     unsupported: dict[str, list[Any]] = {}
     fx_nodes = list(ep.graph.nodes)
+    owner = {n: block for block in blocks for n in block.nodes}
 
     for node in fx_nodes:
         cx.node = node
@@ -455,8 +518,7 @@ def lower_program(ep: Any, table: Mapping[str, Converter], *, shape_only: bool,
                     continue
                 tensor = state[spec.target]
                 w = _Weight(spec.target, tensor, shape_only)
-                w.transposed_only = bool(node.users) and tensor.dim() == 2 and all(
-                    _is_transposed_use(user, node) for user in node.users)
+                w.transposed_only = tensor.dim() == 2 and read_transposed(node)
                 cx.env[node] = w
                 continue
             val = cx.meta(node)
@@ -475,6 +537,19 @@ def lower_program(ep: Any, table: Mapping[str, Converter], *, shape_only: bool,
             _record(unsupported, f"{node.op} {node.target}", node)
             cx.env[node] = POISONED
             continue
+        if node in owner:
+            if node is not owner[node].output:
+                cx.env[node] = POISONED  # lowered with its block (which checked that nothing else reads it)
+                continue
+            try:
+                cx.node = node
+                cx.env[node] = _settle(cx, node, emit_block(cx, owner[node], table))
+            except _PoisonedInput:
+                cx.env[node] = POISONED
+            except Unsupported as error:
+                _record(unsupported, error.key, node)
+                cx.env[node] = POISONED
+            continue
         scalar = _scalar_result(node)
         if scalar is not None:
             cx.env[node] = scalar  # size arithmetic: kept symbolic, materialized on use
@@ -486,6 +561,11 @@ def lower_program(ep: Any, table: Mapping[str, Converter], *, shape_only: bool,
             cx.env[node] = POISONED
             continue
         try:
+            if any(isinstance(cx.env.get(arg), Complex) for arg in node.all_input_nodes):
+                from aviatorc.frontends.torch.aten_complex import convert_complex
+
+                cx.env[node] = convert_complex(cx, node, converter)
+                continue
             result = converter(cx, node)
         except _PoisonedInput:
             cx.env[node] = POISONED
@@ -514,10 +594,13 @@ def _scalar_result(node: Any) -> Any:
     return Sym(expr)
 
 
-def unconvertible(ep: Any, table: Mapping[str, Converter]) -> dict[str, tuple[int, str]]:
-    """Ops of `ep` without a converter: {op: (count, first node)} (before any conversion)."""
+def unconvertible(ep: Any, table: Mapping[str, Converter], skip: Collection[Any] = ()) -> dict[str, tuple[int, str]]:
+    """Ops of `ep` without a converter, outside the nodes in `skip` (those of MoE blocks):
+    {op: (count, first node)} (before any conversion)."""
     found: dict[str, list[Any]] = {}
     for node in ep.graph.nodes:
+        if node in skip:
+            continue
         if node.op == "call_function" and _scalar_result(node) is None and op_key(node.target) not in table:
             _record(found, str(node.target), node)
     return {k: (len(v), v[0].name) for k, v in found.items()}
@@ -549,22 +632,28 @@ def op_key(target: Any) -> str:
 def _settle(cx: Lowering, node: Any, result: Any) -> Any:
     """Reconcile a converter's result with torch's meta value: fill dims, fix dtypes."""
     val = node.meta.get("val")
+    if isinstance(result, Complex) and _is_tensor(val) and val.is_complex():
+        want = TensorType(REAL_PARTS[str(val.dtype)], tuple(cx.dim(d) for d in val.shape))
+        return Complex(_settle_value(cx, node, result.re, want), _settle_value(cx, node, result.im, want))
     if isinstance(result, Value) and _is_tensor(val):
-        want = cx.tensor_type(val)
-        if result.type.rank != want.rank:
-            raise RuntimeError(
-                f"converter for {node.target} at '{node.name}' gave rank {result.type.rank}, torch says {want}"
-            )
-        if result.type.dtype != want.dtype:
-            result = cx.cast(result, want.dtype)
-        merged = merge_type(result.type, want)
-        if merged != result.type and result.producer is not None:
-            result.type = merged  # only fills dims the rule could not know
-        return result
+        return _settle_value(cx, node, result, cx.tensor_type(val))
     if isinstance(result, (list, tuple)) and isinstance(val, (list, tuple)):
         return [_settle_item(cx, node, r, v) for r, v in zip(result, val, strict=False)]
     if result is None and _expr(val) is not None:
         return Sym(_expr(val))
+    return result
+
+
+def _settle_value(cx: Lowering, node: Any, result: Value, want: TensorType) -> Value:
+    if result.type.rank != want.rank:
+        raise RuntimeError(
+            f"converter for {node.target} at '{node.name}' gave rank {result.type.rank}, torch says {want}"
+        )
+    if result.type.dtype != want.dtype:
+        result = cx.cast(result, want.dtype)
+    merged = merge_type(result.type, want)
+    if merged != result.type and result.producer is not None:
+        result.type = merged  # only fills dims the rule could not know
     return result
 
 
