@@ -243,8 +243,14 @@ class Cluster:
         return DriverBackend(self, phase)
 
     def _watchdog(self) -> None:
-        """Raise `RankFailed` for a spawned rank that exited: with its own error, which a rank that
-        fails writes as one `ERROR_LINE` JSON line on stderr before it exits."""
+        """Raise `RankFailed` for a spawned rank that exited."""
+        failed = self._exited_rank()
+        if failed is not None:
+            raise failed
+
+    def _exited_rank(self) -> RankFailed | None:
+        """A `RankFailed` for the first spawned rank that exited: with its own error, which a rank that
+        fails writes as one `ERROR_LINE` JSON line on stderr before it exits; None while all run."""
         for r, child in enumerate(self.children, start=1):
             code = child.poll()
             if code is None:
@@ -255,10 +261,11 @@ class Cluster:
             reported = [line[len(ERROR_LINE):] for line in lines if line.startswith(ERROR_LINE)]
             if reported:
                 info = json.loads(reported[-1])
-                raise RankFailed(info["message"], rank=r, rule=info.get("rule") or "rank-failed",
-                                 stream=info.get("stream"), step=info.get("step"))
+                return RankFailed(info["message"], rank=r, rule=info.get("rule") or "rank-failed",
+                                  stream=info.get("stream"), step=info.get("step"))
             tail = f": {lines[-1].strip()}" if lines else ""
-            raise RankFailed(f"its process exited with status {code}{tail}", rank=r)
+            return RankFailed(f"its process exited with status {code}{tail}", rank=r)
+        return None
 
     def run(self, phase: str, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Any]:
 
@@ -278,7 +285,12 @@ class Cluster:
             link.flush()
         except BaseException as error:  # a fault, a broken link, Ctrl-C: the ranks' state is unknown now
             self.failed = str(error) or type(error).__name__
+            # A link that broke because a rank died (gloo may notice before the watchdog): that rank's
+            # failure, read before the teardown ends the others too.
+            died = self._exited_rank() if isinstance(error, Exception) and not isinstance(error, RuntimeFault) else None
             self._teardown()
+            if died is not None:
+                raise died from error
             if isinstance(error, RuntimeFault) or not isinstance(error, Exception):
                 raise
             raise RuntimeFault(f"the multi-card run failed: {type(error).__name__}: {error}", rule="link") from error
