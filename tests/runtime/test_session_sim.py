@@ -12,6 +12,7 @@ dynamo takes 5-10 s) to keep this file within its time budget.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -213,7 +214,7 @@ def test_a_free_moved_before_its_compute_faults_as_use_after_free(saved):
 
 
 def test_a_recv_without_its_send_faults(saved):
-    artifact = aviatorc.load(saved("llama"))
+    artifact = aviatorc.load(saved("llama:stream"))  # spread over chiplets: the resident plan sends nothing
 
     def drop_first_send(stream: list[Instruction]) -> bool:
         for i, ins in enumerate(stream):
@@ -228,9 +229,10 @@ def test_a_recv_without_its_send_faults(saved):
     assert info.value.rule == "unmatched-recv" and info.value.stream is not None and info.value.step is not None
 
 
-def _retarget(src: Path, out: Path, sram_bytes: int) -> Path:
-    """A copy of an artifact whose target has `sram_bytes` per chiplet, its hashes made consistent
-    (a plan re-targeted by hand: `load` accepts it, the run must not)."""
+def _retarget(src: Path, out: Path, sram_bytes: int):
+    """The artifact with `sram_bytes` per chiplet in its target: written to `out` with its hashes made
+    consistent, which `load` refuses (its plan checker), and returned in memory as a backend may
+    be handed one (built in Python, not loaded), which the run must refuse too."""
     shutil.copytree(src, out)
     toml = re.sub(r"(?m)^sram_bytes = \d+$", f"sram_bytes = {sram_bytes}", (out / "target.toml").read_text(), count=1)
     (out / "target.toml").write_text(toml)
@@ -242,7 +244,9 @@ def _retarget(src: Path, out: Path, sram_bytes: int) -> Path:
         data = (out / name).read_bytes()
         manifest["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     (out / MANIFEST).write_text(json.dumps(manifest))
-    return out
+    with pytest.raises(aviatorc.AviatorError, match="over-capacity"):
+        aviatorc.load(out)
+    return dataclasses.replace(aviatorc.load(src), target_toml=toml)
 
 
 def test_a_target_too_small_for_the_held_buffers_is_refused(saved, tmp_path):
