@@ -30,7 +30,7 @@ def prompts(count: int, seed: int = 0) -> list[list[int]]:
 
 
 def alone(session: Session, prompt: list[int], new: int) -> list[int]:
-    return session.generate(prompt, new)[len(prompt):].tolist()
+    return session.generate(prompt, new, eos_token_id=())[len(prompt):].tolist()  # the engine's requests: no stop ids
 
 
 async def serve(engine: Engine, requests: list[GenerationRequest], *, stagger_steps: int = 0) -> list[GenerationRequest]:
