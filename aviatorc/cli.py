@@ -233,8 +233,9 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="generate tokens with a compiled decoder that carries its KV cache")
     p.add_argument("artifact", help="an artifact directory written by `aviatorc compile`")
     prompt = p.add_mutually_exclusive_group(required=True)
-    prompt.add_argument("--prompt-ids", metavar="IDS", help="comma-separated token ids, like 1,2,3")
-    prompt.add_argument("--prompt", metavar="TEXT", help="prompt text (needs --tokenizer)")
+    prompt.add_argument("--prompt-ids", metavar="IDS", help="comma-separated token ids, like 1,2,3 (prints the new "
+                        "ids; with --tokenizer, their text)")
+    prompt.add_argument("--prompt", metavar="TEXT", help="prompt text (needs a tokenizer; prints the new text)")
     p.add_argument("--tokenizer", metavar="DIR", help="a folder with a Hugging Face tokenizer (tokenizer.json), "
                    "or a .gguf file (default: the GGUF file the artifact was compiled from)")
     p.add_argument("--max-new-tokens", type=int, default=32)
@@ -586,7 +587,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     tokens = session.generate(ids, args.max_new_tokens, eos_token_id=eos, temperature=args.temperature,
                               top_p=args.top_p, seed=args.seed)
     new = [int(t) for t in tokens[len(ids):]]
-    if tokenizer is not None:
+    if tokenizer is not None and (args.prompt is not None or args.tokenizer):  # ids in, ids out, unless asked
         print(tokenizer.decode(new, skip_special_tokens=True))
     else:
         print(",".join(str(t) for t in new))
