@@ -757,7 +757,7 @@ def sensitivity_text(args: argparse.Namespace) -> str:
             raise OptionError(f"artifact '{source}' was compiled for target '{plan.target_name}' as it stands",
                               hint=f"run `aviatorc target show {plan.target_name} --sensitivity {source}`, or give "
                                    "the model source to compile it for another target")
-        target = load_target(str(artifact.path / "target.toml"))
+        target = artifact.target()  # from the bytes load() verified
     else:
         target = load_target(args.name, cards=args.cards, overrides=target_overrides(args.overrides))
         options = {k: v for k, v in (("quant", args.quant), ("batch", args.batch), ("context", args.context),
