@@ -139,8 +139,8 @@ class CompileResult:
 
     def artifact_files(self, *, html_report: bool = True) -> dict[str, bytes]:
         """The artifact's files by name (see `aviatorc.plan.artifact`); with `html_report`, also
-        report.html (`aviatorc.report`), rendered from the other files so that `aviatorc report
-        -o` on the saved artifact gives the same bytes."""
+        report.html (`aviatorc.report`), rendered from what the other files hold so that `aviatorc
+        report -o` on the saved artifact gives the same bytes."""
         from aviatorc.plan.artifact import WEIGHTS, encode_tensors, to_json_bytes
         from aviatorc.plan.weights import pack_weights
 
@@ -152,11 +152,15 @@ class CompileResult:
             files[WEIGHTS], self.plan.tensor_dtypes = encode_tensors(tensors)
         files["plan.json"] = to_json_bytes(self.plan.to_dict(), compact=True)
         files["target.toml"] = self.target.to_toml().encode()
-        files["trace.json"] = to_json_bytes(self.plan.trace or {})
+        files["trace.json"] = to_json_bytes(self.plan.trace or {}, compact=True)
         if html_report:
             from aviatorc.report import ReportSources, render_html, report_data
 
-            files["report.html"] = render_html(report_data(ReportSources.from_files(files))).encode()
+            # The plan in memory is the one plan.json holds (loading gives it back field for field),
+            # so the page is not read back from the bytes just written.
+            sources = ReportSources(self.plan, json.loads(files["report.json"]), json.loads(files["trace.json"]),
+                                    files["target.toml"].decode(), WEIGHTS not in files)
+            files["report.html"] = render_html(report_data(sources)).encode()
         return files
 
     def save(self, path: str | os.PathLike[str], *, html_report: bool = True) -> Path:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aviatorc.partition.feasibility import human_bytes
-from aviatorc.plan.plan import Plan
+from aviatorc.plan.plan import PLAN_SCHEMA_VERSION, Plan
 from aviatorc.plan.records import to_json
 
 DATA_FORMAT = "aviatorc-report-data"
@@ -75,7 +75,7 @@ def report_data(sources: ReportSources) -> dict[str, Any]:
     target = tomllib.loads(sources.target_toml)
     model = dict(report.get("model", {}))
     versions = {"aviatorc": _version("aviatorc"), "report_data": DATA_VERSION, "report_json": report.get("report_version"),
-                "plan_schema": plan.to_dict()["schema_version"], "target_schema": target.get("schema_version")}
+                "plan_schema": PLAN_SCHEMA_VERSION, "target_schema": target.get("schema_version")}
     versions |= {k: v for k, v in report.get("versions", {}).items() if isinstance(v, (str, int))}
     spans = trace_spans(sources.trace)
     makespan_us = max((end for _, _, _, _, end in spans), default=0.0)

@@ -27,6 +27,7 @@ from aviatorc.progress import stage
 from aviatorc.schedule.bound import BoundInputs, physical_bound
 from aviatorc.schedule.build import build_program
 from aviatorc.schedule.cold import cold_start
+from aviatorc.schedule.forked import forked_map
 from aviatorc.schedule.memory import MemoryPlan, kv_beside_weights, plan_memory
 from aviatorc.schedule.model import ModelFacts, model_facts
 from aviatorc.schedule.ranges import figure_ranges
@@ -69,7 +70,8 @@ def schedule(graph: Graph, placement: Placement, weights: Sequence[WeightSpec], 
     spans = {}
     if ranges and target.assumed:
         with stage(_logger, f"timing the plan over the target's {len(target.assumed)} assumed figures"):
-            spans = figure_ranges(programs, placement, target, chunks, flops)
+            spans = figure_ranges(programs, placement, target, chunks, flops,
+                                  {"time_per_token_s": decode.makespan_s, "ttft_s": ttft, "cold_start_s": cold.first_token_s})
     prediction = Prediction(
         time_per_token_s=decode.makespan_s,
         tokens_per_s=workload.batch / decode.makespan_s if decode.makespan_s else 0.0,
@@ -139,13 +141,12 @@ def _sweep(facts: ModelFacts, placement: Placement, weights: Sequence[WeightSpec
     compile reserved streams it."""
     contexts = [t for t in SWEEP_CONTEXTS if max_context is None or t <= max_context]
     points = sorted({(b, workload.context) for b in SWEEP_BATCHES} | {(workload.batch, t) for t in contexts})
-    out = []
-    with stage(_logger, "simulating the batch and context sweep", total=len(points)) as task:
-        for batch, context in points:
-            out.append(_sweep_point(facts, placement, weights, target, Workload(batch, context, workload.prompt),
-                                    memory, allowed, prefetch))
-            task.advance()
-    return tuple(out)
+    def point(batch_context: tuple[int, int]) -> SweepPoint:
+        load = Workload(*batch_context, workload.prompt)
+        return _sweep_point(facts, placement, weights, target, load, memory, allowed, prefetch)
+
+    with stage(_logger, f"simulating the batch and context sweep ({len(points)} points)"):
+        return tuple(forked_map(point, points))
 
 
 def _sweep_point(facts: ModelFacts, placement: Placement, weights: Sequence[WeightSpec], target: Target,

@@ -17,14 +17,11 @@ at once (forked workers), each the same deterministic simulation as alone.
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-from concurrent.futures import ProcessPoolExecutor
-
 from aviatorc.partition.placement import Placement
 from aviatorc.plan.ir import Load, Program, Send
 from aviatorc.plan.plan import FigureRange
 from aviatorc.schedule.cold import cold_start
+from aviatorc.schedule.forked import forked_map
 from aviatorc.schedule.simulate import simulate
 from aviatorc.target import LINK_LEVELS, Target
 from aviatorc.target.loader import vary
@@ -37,14 +34,14 @@ Variation = tuple[tuple[str, float], ...]  # (dotted key, value) pairs, sorted
 
 
 def figure_ranges(programs: dict[str, Program], placement: Placement, target: Target, chunks: int,
-                  flops_by_layer: dict[int, float]) -> dict[str, FigureRange]:
-    """Each of FIGURES with its range and its sensitivity to each assumption of `target`."""
-    timer = _Timer(programs, placement, target, chunks, flops_by_layer)
+                  flops_by_layer: dict[int, float], nominal: dict[str, float]) -> dict[str, FigureRange]:
+    """Each of FIGURES with its range and its sensitivity to each assumption of `target`;
+    `nominal`: FIGURES on `target` itself, as the plan predicts them."""
+    timer = _Timer(programs, placement, target, chunks, flops_by_layer, nominal)
     used = _links_used(programs, target)
     varied = [a for a in target.assumed if not _unused(a.key, used)]
-    ends = [((a.key, value),) for a in varied for value in (a.low, a.high)]
-    seen = timer.many([(), *ends])
-    nominal = seen[()]
+    ends: list[Variation] = [((a.key, value),) for a in varied for value in (a.low, a.high)]
+    seen: dict[Variation, dict[str, float]] = {(): nominal} | timer.many(ends)
     sensitivity: dict[str, dict[str, tuple[float, float]]] = {f: {} for f in FIGURES}
     for a in target.assumed:
         low, high = seen.get(((a.key, a.low),), nominal), seen.get(((a.key, a.high),), nominal)
@@ -66,18 +63,16 @@ def figure_ranges(programs: dict[str, Program], placement: Placement, target: Ta
 
 
 class _Timer:
-    """The plan's figures on the target with some figures varied; several variations at once on
-    the machine's cores (forked workers: the simulation is plain Python, and the plan is large)."""
+    """The plan's figures on the target with some figures varied; several variations at once."""
 
     def __init__(self, programs: dict[str, Program], placement: Placement, target: Target, chunks: int,
-                 flops_by_layer: dict[int, float]) -> None:
+                 flops_by_layer: dict[int, float], nominal: dict[str, float]) -> None:
         self.programs, self.placement, self.target = programs, placement, target
-        self.chunks, self.flops_by_layer = chunks, flops_by_layer
-        self.nominal: dict[str, float] | None = None
+        self.chunks, self.flops_by_layer, self.nominal = chunks, flops_by_layer, nominal
 
     def one(self, variation: Variation) -> dict[str, float]:
         machine = vary(self.target, dict(variation)) if variation else self.target
-        if self.nominal is not None and all(key in COLD_ONLY for key, _ in variation):
+        if all(key in COLD_ONLY for key, _ in variation):
             token, ttft = self.nominal["time_per_token_s"], self.nominal["ttft_s"]  # the simulator reads none of them
         else:
             token = simulate(self.programs["decode"], machine, record=False).makespan_s
@@ -86,30 +81,7 @@ class _Timer:
         return {"time_per_token_s": token, "ttft_s": ttft, "cold_start_s": cold}
 
     def many(self, variations: list[Variation]) -> dict[Variation, dict[str, float]]:
-        out: dict[Variation, dict[str, float]] = {}
-        if () in variations:
-            out[()] = self.nominal = self.one(())
-        rest = [v for v in variations if v != ()]
-        workers = min(len(rest), os.cpu_count() or 1, MAX_WORKERS)
-        if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
-            return out | {v: self.one(v) for v in rest}
-        global _TIMER
-        _TIMER = self  # the forked workers inherit it: nothing large is pickled
-        try:
-            context = multiprocessing.get_context("fork")
-            with ProcessPoolExecutor(workers, mp_context=context) as pool:
-                return out | dict(zip(rest, pool.map(_time_in_worker, rest), strict=True))
-        finally:
-            _TIMER = None
-
-
-MAX_WORKERS = 4
-_TIMER: _Timer | None = None
-
-
-def _time_in_worker(variation: Variation) -> dict[str, float]:
-    assert _TIMER is not None
-    return _TIMER.one(variation)
+        return dict(zip(variations, forked_map(self.one, variations), strict=True))
 
 
 def _end(target: Target, key: str, which: str) -> float:
