@@ -117,12 +117,8 @@ def _masked_lm(model_type: str) -> bool:
 
 def one(model_type: str, sources: tuple[str, ...] = SOURCES) -> dict[str, Any]:
     """The census row of one model type (in this process)."""
-    import logging
-
     import torch
 
-    logging.disable(logging.WARNING)
-    torch.set_num_threads(1)
     row: dict[str, Any] = {"model_type": model_type, "kind": "?", "sources": {}}
     try:
         config, fields = tiny_config(model_type)
@@ -383,7 +379,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=ROOT / "tools" / "results" / "arch_census.json")
     parser.add_argument("--update", action="store_true", help="rerun --types and merge them into --json's rows")
     args = parser.parse_args(argv)
-    if args.one:
+    if args.one:  # a worker process of its own: quiet and on one thread, which `one` leaves to its caller
+        import logging
+
+        import torch
+
+        logging.disable(logging.WARNING)
+        torch.set_num_threads(1)
         try:
             row = one(args.one)
         except Exception:  # noqa: BLE001 - the census's own bug: say where

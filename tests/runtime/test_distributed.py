@@ -46,7 +46,7 @@ def plans(tmp_path_factory) -> dict[int, Path]:
     for cards in (2, 4):
         target = root / f"mock-x{cards}.toml"
         target.write_text(f'schema_version = 1\nextends = "mock"\nname = "mock-x{cards}"\n'
-                          f'[chiplet]\nsram_bytes = 32768\n[server]\ncards = {cards}\n')
+                          f'[chiplet]\nsram_bytes = 20480\n[server]\ncards = {cards}\n')
         result = aviatorc.compile(zoo.build_model("llama").inner.eval(), target=str(target), context=48, prompt=8,
                                   batch=2, time_limit_s=1.0, kv_cache="lpddr")
         out[cards] = result.save(root / f"llama-x{cards}.avc")
