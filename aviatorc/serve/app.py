@@ -9,7 +9,10 @@
 Streaming sends `data: {chunk}` events, `finish_reason` on each choice's last one, a usage
 chunk when `stream_options.include_usage`, then `data: [DONE]`. Each choice carries its
 `token_ids` when `return_token_ids` is true, and always for a model without a tokenizer (its
-`text` is then empty). Errors use OpenAI's body: `{"error": {"message", "type", "param", "code"}}`:
+`text` is then empty). Log-probabilities, when asked, in OpenAI's shapes: completions'
+`{tokens, token_logprobs, top_logprobs, text_offset}` (offsets into the choice's text), chat's
+`{content: [{token, logprob, bytes, top_logprobs}]}`, each chunk of a stream with its tokens';
+a token is its text as the tokenizer decodes it alone, or `token_id:N` without a tokenizer. Errors use OpenAI's body: `{"error": {"message", "type", "param", "code"}}`:
 400 for a bad request (a body that is not UTF-8 or not JSON among them), 404 for an unknown model
 or path, 413 for a body over `--max-request-bytes`, 429 for a full queue, 503 while the server
 shuts down, 504 for a timeout.
@@ -23,11 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -37,6 +41,7 @@ from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException
 
 from aviatorc.errors import AviatorError
+from aviatorc.runtime.sampling import Logprobs
 from aviatorc.serve.engine import Finished, GenerationRequest, QueueFull, Token
 from aviatorc.serve.metrics import Registry
 from aviatorc.serve.protocol import (
@@ -213,7 +218,7 @@ def _generation_requests(model: ServedModel, body: SamplingFields, prompts: list
         max_tokens = body.max_tokens if body.max_tokens is not None else max(1, room - len(ids))
         out.append(GenerationRequest(prompt=ids, max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
                                      seed=body.seed, stop_ids=frozenset(stop_ids), priority=body.priority,
-                                     timeout_s=body.timeout))
+                                     timeout_s=body.timeout, logprobs=body.top_logprobs))
     return out
 
 
@@ -246,27 +251,52 @@ class _Shape:
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.with_ids = body.return_token_ids or model.tokenizer is None
+        self.asked_logprobs = body.top_logprobs is not None
+        self._texts: dict[int, str] = {}
 
     def envelope(self, choices: list[dict[str, Any]], *, chunk: bool) -> dict[str, Any]:
         kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model.name, "choices": choices}
 
     def choice(self, index: int, text: str, finish: str | None, ids: list[int] | None, *, chunk: bool,
-               prompt: list[int] | None = None) -> dict[str, Any]:
+               prompt: list[int] | None = None, reported: Sequence[Logprobs] = (), offset: int = 0) -> dict[str, Any]:
+        """One choice; `reported`: the log-probabilities of its `ids`, `offset`: the characters of
+        the choice's text before them."""
+        logprobs = self.logprobs(reported, offset) if self.asked_logprobs and (reported or not chunk) else None
         if self.chat:
-            body: dict[str, Any] = {"index": index, "finish_reason": finish}
+            body: dict[str, Any] = {"index": index, "finish_reason": finish, "logprobs": logprobs}
             content = {"content": text} if text or not chunk else {}
             if chunk:
                 body["delta"] = content
             else:
                 body["message"] = {"role": "assistant", **content}
         else:
-            body = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+            body = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
         if self.with_ids and ids is not None:
             body["token_ids"] = ids
             if prompt is not None:
                 body["prompt_token_ids"] = prompt
         return body
+
+    def token_text(self, token: int) -> str:
+        if token not in self._texts:
+            tokenizer = self.model.tokenizer
+            self._texts[token] = f"token_id:{token}" if tokenizer is None else tokenizer.decode([token])
+        return self._texts[token]
+
+    def logprobs(self, reported: Sequence[Logprobs], offset: int) -> dict[str, Any]:
+        """OpenAI's logprobs object of a choice's tokens."""
+        texts = [self.token_text(r.token) for r in reported]
+        if self.chat:
+            def entry(token: int, text: str, logprob: float) -> dict[str, Any]:
+                return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+            return {"content": [entry(r.token, text, r.logprob) | {
+                "top_logprobs": [entry(t, self.token_text(t), lp) for t, lp in r.top]} for r, text in zip(reported, texts)],
+                "refusal": None}
+        return {"tokens": texts, "token_logprobs": [r.logprob for r in reported],
+                "top_logprobs": [{self.token_text(t): lp for t, lp in r.top} for r in reported],
+                "text_offset": list(itertools.accumulate((len(t) for t in texts[:-1]), initial=offset)) if texts else []}
 
     @staticmethod
     def usage(requests: list[GenerationRequest], texts: list[TextStream]) -> dict[str, int]:
@@ -294,8 +324,11 @@ async def _complete(model: ServedModel, shape: _Shape, requests: list[Generation
         if end.reason in _STATUS:
             status, body = _ended(end)
             return JSONResponse(body, status_code=status)
-    choices = [shape.choice(i, t.text, _finish_reason(e, t), t.kept(r.generated), chunk=False, prompt=r.prompt)
-               for i, (r, t, e) in enumerate(zip(requests, texts, ends))]
+    choices = []
+    for i, (r, t, e) in enumerate(zip(requests, texts, ends)):
+        kept = t.kept(r.generated)
+        choices.append(shape.choice(i, t.text, _finish_reason(e, t), kept, chunk=False, prompt=r.prompt,
+                                    reported=r.reported[:len(kept)]))
     return {**shape.envelope(choices, chunk=False), "usage": shape.usage(requests, texts)}
 
 
@@ -324,6 +357,7 @@ async def _stream(model: ServedModel, shape: _Shape, requests: list[GenerationRe
     followers = [asyncio.create_task(follow(i, r)) for i, r in enumerate(requests)]
     texts = [TextStream(model.tokenizer, shape.body.stops) for _ in requests]
     sent = [0] * len(requests)
+    offsets = [0] * len(requests)  # characters of each choice's tokens sent (completions' text_offset)
     try:
         if shape.chat:
             yield json.dumps(shape.envelope([{"index": i, "delta": {"role": "assistant", "content": ""},
@@ -340,8 +374,11 @@ async def _stream(model: ServedModel, shape: _Shape, requests: list[GenerationRe
                     request.stop()
                     model.engine.wake()
                 ids = text.kept(request.generated)[sent[index]:]
+                reported = request.reported[sent[index]:sent[index] + len(ids)]
                 sent[index] += len(ids)
-                yield json.dumps(shape.envelope([shape.choice(index, delta, None, ids, chunk=True)], chunk=True))
+                yield json.dumps(shape.envelope([shape.choice(index, delta, None, ids, chunk=True, reported=reported,
+                                                              offset=offsets[index])], chunk=True))
+                offsets[index] += sum(len(shape.token_text(r.token)) for r in reported)
                 continue
             open_choices -= 1
             if event.reason in _STATUS:

@@ -40,7 +40,7 @@ import numpy as np
 
 from aviatorc.backends.contract import Precedence
 from aviatorc.errors import AviatorError, OptionError
-from aviatorc.runtime.sampling import check_sampling, sample
+from aviatorc.runtime.sampling import MAX_TOP_LOGPROBS, Logprobs, check_sampling, logprobs, sample
 
 POLICIES = ("fcfs", "priority")
 log = logging.getLogger("aviatorc.serve")
@@ -56,6 +56,7 @@ class QueueFull(AviatorError):
 @dataclass(frozen=True)
 class Token:
     id: int
+    logprobs: Logprobs | None = None  # when the request asked for them
 
 
 @dataclass(frozen=True)
@@ -80,8 +81,10 @@ class GenerationRequest:
     stop_ids: frozenset[int] = frozenset()
     priority: int = 0
     timeout_s: float | None = None
+    logprobs: int | None = None  # report each token's log-probability and this many of the most likely
     # Filled in by the engine.
     generated: list[int] = field(default_factory=list)
+    reported: list[Logprobs] = field(default_factory=list)  # one per generated token, when `logprobs` is set
     arrival: int = -1
     submitted: float = 0.0
     first_token: float | None = None
@@ -98,6 +101,8 @@ class GenerationRequest:
             raise OptionError("the prompt is empty", hint="give at least one token")
         if self.max_tokens < 1:
             raise OptionError(f"max_tokens must be >= 1, not {self.max_tokens}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise OptionError(f"top logprobs must be between 0 and {MAX_TOP_LOGPROBS}, not {self.logprobs}")
 
     @property
     def deadline(self) -> float | None:
@@ -279,7 +284,7 @@ class Engine:
         logits = await asyncio.to_thread(self.session.decode, batch, tokens)
         self.observer.decode_step(len(batch), self.slots)
         for slot, row in zip(batch, logits):
-            self._accept(self.running[slot], [self._sample(self.running[slot], row)])
+            self._accept(self.running[slot], [self._sample(self.running[slot], row)], [row])
 
     async def _prefill(self, request: GenerationRequest, *, first: bool = False) -> None:
         """Prefill `request` in its slot; `first`: while a decode step is in flight, which pauses
@@ -296,7 +301,7 @@ class Engine:
             self._finish(request, Finished("error", str(error) if isinstance(error, AviatorError)
                                            else f"internal error: {type(error).__name__}: {error}"))
             return
-        self._accept(request, [self._sample(request, logits)])
+        self._accept(request, [self._sample(request, logits)], [logits])
 
     def _prefill_now(self, slot: int, ids: np.ndarray, first: bool) -> np.ndarray:
         sessions = [self.session] + ([self.speculator.draft] if self.speculator is not None else [])
@@ -312,17 +317,21 @@ class Engine:
     def _sample(self, request: GenerationRequest, logits: np.ndarray) -> int:
         return sample(logits, temperature=request.temperature, top_p=request.top_p, rng=request._rng)
 
-    def _accept(self, request: GenerationRequest, tokens: Sequence[int]) -> None:
-        """Hand `tokens` to the request in order, finishing it at a stop token, at max_tokens, or
-        when its sequence fills the context."""
+    def _accept(self, request: GenerationRequest, tokens: Sequence[int], rows: Sequence[np.ndarray] | np.ndarray) -> None:
+        """Hand `tokens` to the request in order (each chosen from its row of logits), finishing it
+        at a stop token, at max_tokens, or when its sequence fills the context."""
         if request.finished is not None:
             return
-        for token in tokens:
+        for token, row in zip(tokens, rows, strict=True):
             if request.first_token is None:
                 request.first_token = time.monotonic()
                 self.observer.first_token(request)
             request.generated.append(token)
-            request._queue.put_nowait(Token(token))
+            reported = None
+            if request.logprobs is not None:
+                reported = logprobs(row, token, request.logprobs)
+                request.reported.append(reported)
+            request._queue.put_nowait(Token(token, reported))
             self.observer.tokens(1)
             if token in request.stop_ids:
                 self._finish(request, Finished("stop"))

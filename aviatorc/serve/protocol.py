@@ -3,7 +3,9 @@
 Fields follow OpenAI's API, with vLLM's extensions where they exist: `priority` (lower runs
 first), `return_token_ids`, `stop_token_ids`, `ignore_eos`; and one of ours, `timeout` (seconds,
 capped by the server's `--request-timeout`). A field OpenAI defines that this server does not
-implement (`n` > 1, `logprobs`, penalties, tools, ...) is refused with 400 rather than ignored.
+implement (`n` > 1, penalties, tools, ...) is refused with 400 rather than ignored.
+Log-probabilities: completions' `logprobs` (how many of the most likely tokens to list beside
+each chosen one), chat's `logprobs` and `top_logprobs`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
 
 from aviatorc.errors import OptionError
+from aviatorc.runtime.sampling import MAX_TOP_LOGPROBS
 
 MAX_STOP_CHARS = 256
 
@@ -121,8 +124,7 @@ class SamplingFields(BaseModel):
     def check_supported(self) -> None:
         if self.n != 1:
             raise OptionError(f"n={self.n} is not supported: one choice per prompt", hint="send n=1")
-        for name in ("logprobs", "top_logprobs", "best_of", "suffix", "tools", "functions", "logit_bias",
-                     "response_format"):
+        for name in ("best_of", "suffix", "tools", "functions", "logit_bias", "response_format"):
             value = (self.model_extra or {}).get(name)
             if value not in (None, False, 0, {}, []):
                 raise OptionError(f"'{name}' is not supported by this server")
@@ -144,9 +146,19 @@ class SamplingFields(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def top_logprobs(self) -> int | None:
+        """None: no log-probabilities; k: each token's and its k most likely alternatives'."""
+        return None
+
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
+    logprobs: Annotated[int, Strict()] | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @property
+    def top_logprobs(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -182,6 +194,14 @@ class ChatMessage(BaseModel):
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: Annotated[bool, Strict()] = False
+    top_logprobs_: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS, alias="top_logprobs")
+
+    @property
+    def top_logprobs(self) -> int | None:
+        if self.top_logprobs_ is not None and not self.logprobs:
+            raise OptionError("top_logprobs needs logprobs: true", hint="send \"logprobs\": true with it")
+        return (self.top_logprobs_ or 0) if self.logprobs else None
 
 
 class TextStream:

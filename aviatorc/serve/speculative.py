@@ -78,23 +78,24 @@ class Speculator:
             tokens = [engine.running[slot].generated[-1] for slot in plain]
             logits = await asyncio.to_thread(self._decode_both, plain, tokens)
             for slot, row in zip(plain, logits):
-                engine._accept(engine.running[slot], [engine._sample(engine.running[slot], row)])
+                engine._accept(engine.running[slot], [engine._sample(engine.running[slot], row)], [row])
         if jobs:
             results = await asyncio.to_thread(self._speculate, jobs)
-            for slot, (tokens, proposed, accepted) in results.items():
+            for slot, (tokens, rows, proposed, accepted) in results.items():
                 self.proposed += proposed
                 self.accepted += accepted
                 if self.metrics is not None:
                     self.metrics.speculated(proposed, accepted)
-                engine._accept(engine.running[slot], tokens)
+                engine._accept(engine.running[slot], tokens, rows)
         engine.observer.decode_step(len(batch), engine.slots)
 
     def _decode_both(self, slots: list[int], tokens: list[int]) -> np.ndarray:
         self.draft.decode(slots, tokens)  # keeps the draft's cache in step
         return self.target.decode(slots, tokens)
 
-    def _speculate(self, jobs: dict[int, tuple[int, int]]) -> dict[int, tuple[list[int], int, int]]:
-        """(tokens to hand out, drafts proposed, drafts accepted) per slot."""
+    def _speculate(self, jobs: dict[int, tuple[int, int]]) -> dict[int, tuple[list[int], np.ndarray, int, int]]:
+        """(tokens to hand out, the target's logits each was chosen from, drafts proposed, drafts
+        accepted) per slot."""
         drafts: dict[int, list[int]] = {slot: [] for slot in jobs}
         feed = {slot: last for slot, (last, _) in jobs.items()}
         for depth in range(max(k for _, k in jobs.values())):
@@ -103,13 +104,15 @@ class Speculator:
             for slot, row in zip(active, rows):
                 feed[slot] = int(np.argmax(row))
                 drafts[slot].append(feed[slot])
-        out: dict[int, tuple[list[int], int, int]] = {}
+        out: dict[int, tuple[list[int], np.ndarray, int, int]] = {}
         catch_up: list[int] = []
         for slot, (last, k) in jobs.items():
             before = self.target.slot_length(slot)
-            choices = [int(np.argmax(row)) for row in self.target.extend(slot, [last, *drafts[slot]])]
+            rows = self.target.extend(slot, [last, *drafts[slot]])
+            choices = [int(np.argmax(row)) for row in rows]
             accepted = next((i for i in range(k) if drafts[slot][i] != choices[i]), k)
-            out[slot] = ([*drafts[slot][:accepted], choices[accepted]], k, accepted)
+            # Token i handed out (an accepted draft equals the target's choice) came from row i.
+            out[slot] = ([*drafts[slot][:accepted], choices[accepted]], rows[:accepted + 1], k, accepted)
             # Both caches keep [last, d1 .. d_accepted]; the next turn feeds choices[accepted].
             self.target.truncate(slot, before + 1 + accepted)
             if accepted < k:
