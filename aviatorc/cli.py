@@ -282,6 +282,9 @@ def _parser() -> argparse.ArgumentParser:
                    "(a request's own `timeout` may only shorten it)")
     p.add_argument("--draft", metavar="ARTIFACT", help="a small draft model for speculative decoding of the first "
                    "artifact (greedy requests)")
+    p.add_argument("--speculative-method", choices=("draft", "ngram"), help="speculative decoding of the first artifact's "
+                   "greedy requests: draft (a small model, --draft) or ngram (prompt lookup, no draft model); default: "
+                   "draft when --draft is given")
     p.add_argument("--num-speculative-tokens", type=int, default=4, metavar="K", help="draft tokens per step")
     p.add_argument("--shutdown-timeout", type=float, default=LIMITS.shutdown_timeout_s, metavar="S",
                    help="on SIGTERM, how long the requests in progress may run on before they end with an error "
@@ -702,7 +705,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     specs = [ModelSpec(a, name=n, tokenizer=t) for a, n, t in zip(args.artifacts, names, tokenizers)]
     options = EngineOptions(max_num_seqs=args.max_num_seqs, policy=args.scheduling_policy, max_queue=args.max_queue,
                             request_timeout_s=args.request_timeout, draft=args.draft,
-                            num_speculative_tokens=args.num_speculative_tokens)
+                            speculative_method=args.speculative_method, num_speculative_tokens=args.num_speculative_tokens)
     serve(specs, options, host=args.host, port=args.port, log_level=args.log_level, limits=limits)
     return 0
 

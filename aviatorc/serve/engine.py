@@ -304,7 +304,7 @@ class Engine:
         self._accept(request, [self._sample(request, logits)], [logits])
 
     def _prefill_now(self, slot: int, ids: np.ndarray, first: bool) -> np.ndarray:
-        sessions = [self.session] + ([self.speculator.draft] if self.speculator is not None else [])
+        sessions = [self.session] + (self.speculator.sessions if self.speculator is not None else [])
         with contextlib.ExitStack() as held:
             if first:
                 for session in sessions:

@@ -1,20 +1,24 @@
-"""Speculative decoding: a small draft model proposes k tokens, the target checks them in one step.
+"""Speculative decoding: k tokens are drafted cheaply, the target checks them in one step.
 
-    speculator = Speculator(Session("draft.avc"), target_session, k=4, metrics)
+    speculator = Speculator(target_session, DraftModel(Session("draft.avc"), target_session), k=4)
+    speculator = Speculator(target_session, NgramDrafts(), k=4)          # prompt lookup: no draft model
     Engine(target_session, speculator=speculator)
 
 Each engine step, for every running sequence sampled greedily (temperature 0):
-1. the draft decodes k tokens after the sequence's last one (batched across the sequences);
+1. the drafter proposes up to k tokens after the sequence's last one: a draft model decodes them
+   greedily (batched across the sequences); n-gram lookup copies what followed the latest
+   earlier occurrence of the sequence's last n tokens in its prompt and output (n from 4 down
+   to 1), which proposes nothing when there is none;
 2. the target runs [last, d1 .. dk] in one step per sequence (`Session.extend`; on the plan's
    hardware all sequences' verification is one step, which is what `predicted_speedup` models)
    and takes its own greedy token at every position: t0 .. tk;
 3. the drafts agree with the target up to the first i with d(i+1) != t(i): the sequence gets
    d1 .. di and then t(i) (the target's token where they differ, or t(k) when all agree);
-4. both caches are cut back to the tokens accepted (`Session.truncate`).
+4. the target's cache (and a draft model's) is cut back to the tokens accepted (`Session.truncate`).
 Every token handed out is the target's own greedy choice given the tokens before it, so the
 output is the target's alone (up to float rounding between one-token and k-token steps).
-Sequences that sample (temperature > 0) decode normally in the same turn: rejection sampling
-is not implemented.
+Sequences that sample (temperature > 0), and those with nothing drafted, decode normally in the
+same turn: rejection sampling is not implemented.
 
 `predicted_speedup` turns a measured acceptance rate into the speedup on the plan's target,
 from the two plans' simulated steps (see its docstring).
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -36,11 +40,26 @@ if TYPE_CHECKING:
     from aviatorc.serve.engine import Engine
     from aviatorc.serve.metrics import Metrics
 
+METHODS = ("draft", "ngram")
+Job = tuple[list[int], int]  # (the sequence so far: prompt and generated tokens, drafts wanted)
 
-class Speculator:
-    def __init__(self, draft: Session, target: Session, k: int, metrics: Metrics | None = None) -> None:
-        if k < 1:
-            raise OptionError(f"--num-speculative-tokens must be >= 1, not {k}")
+
+class Drafter(Protocol):
+    """Where drafts come from; `sessions`: the sessions it runs (a prefill pauses them too)."""
+
+    sessions: list[Session]
+
+    def prefill(self, slot: int, ids: np.ndarray) -> None: ...
+    def free(self, slot: int) -> None: ...
+    def follow(self, slots: list[int], tokens: list[int]) -> None: ...
+    def propose(self, jobs: dict[int, Job]) -> dict[int, list[int]]: ...
+    def settle(self, verified: dict[int, tuple[int, int, list[int]]]) -> None: ...
+
+
+class DraftModel:
+    """A small model's greedy tokens; its KV cache is kept in step with the target's."""
+
+    def __init__(self, draft: Session, target: Session) -> None:
         if draft.cache is None:
             raise OptionError("the draft model cannot generate: it has no KV cache", file=str(draft.artifact.path))
         if draft.num_slots < target.num_slots:
@@ -53,8 +72,8 @@ class Speculator:
             raise OptionError(f"the draft's vocabulary ({vocabulary(draft)} tokens) is not the target's "
                               f"({vocabulary(target)})", file=str(draft.artifact.path),
                               hint="a draft must share the target's tokenizer")
-        self.draft, self.target, self.k, self.metrics = draft, target, k, metrics
-        self.proposed = self.accepted = 0
+        self.draft = draft
+        self.sessions = [draft]
 
     def prefill(self, slot: int, ids: np.ndarray) -> None:
         self.draft.prefill(slot, ids)
@@ -62,65 +81,141 @@ class Speculator:
     def free(self, slot: int) -> None:
         self.draft.free(slot)
 
-    async def step(self, engine: Engine, batch: Sequence[int]) -> None:
-        """One turn for `batch` (the running slots): speculate for the greedy ones, decode the rest."""
-        jobs: dict[int, tuple[int, int]] = {}  # slot -> (last token, drafts to propose)
-        plain: list[int] = []
-        for slot in batch:
-            request = engine.running[slot]
-            length = len(request.prompt) + len(request.generated)  # the last token is not in the cache yet
-            k = min(self.k, request.max_tokens - len(request.generated) - 1, self.target.context - length - 1)
-            if request.temperature == 0 and k >= 1:
-                jobs[slot] = (request.generated[-1], k)
-            else:
-                plain.append(slot)
-        if plain:
-            tokens = [engine.running[slot].generated[-1] for slot in plain]
-            logits = await asyncio.to_thread(self._decode_both, plain, tokens)
-            for slot, row in zip(plain, logits):
-                engine._accept(engine.running[slot], [engine._sample(engine.running[slot], row)], [row])
-        if jobs:
-            results = await asyncio.to_thread(self._speculate, jobs)
-            for slot, (tokens, rows, proposed, accepted) in results.items():
-                self.proposed += proposed
-                self.accepted += accepted
-                if self.metrics is not None:
-                    self.metrics.speculated(proposed, accepted)
-                engine._accept(engine.running[slot], tokens, rows)
-        engine.observer.decode_step(len(batch), engine.slots)
+    def follow(self, slots: list[int], tokens: list[int]) -> None:
+        self.draft.decode(slots, tokens)  # a plain step of the target: keep the draft's cache in step
 
-    def _decode_both(self, slots: list[int], tokens: list[int]) -> np.ndarray:
-        self.draft.decode(slots, tokens)  # keeps the draft's cache in step
-        return self.target.decode(slots, tokens)
-
-    def _speculate(self, jobs: dict[int, tuple[int, int]]) -> dict[int, tuple[list[int], np.ndarray, int, int]]:
-        """(tokens to hand out, the target's logits each was chosen from, drafts proposed, drafts
-        accepted) per slot."""
+    def propose(self, jobs: dict[int, Job]) -> dict[int, list[int]]:
         drafts: dict[int, list[int]] = {slot: [] for slot in jobs}
-        feed = {slot: last for slot, (last, _) in jobs.items()}
+        feed = {slot: history[-1] for slot, (history, _) in jobs.items()}
         for depth in range(max(k for _, k in jobs.values())):
             active = sorted(slot for slot, (_, k) in jobs.items() if k > depth)
             rows = self.draft.decode(active, [feed[slot] for slot in active])
             for slot, row in zip(active, rows):
                 feed[slot] = int(np.argmax(row))
                 drafts[slot].append(feed[slot])
-        out: dict[int, tuple[list[int], np.ndarray, int, int]] = {}
+        return drafts
+
+    def settle(self, verified: dict[int, tuple[int, int, list[int]]]) -> None:
+        """(the target's length before the step, drafts accepted, drafts) per slot: the draft's
+        cache keeps [last, d1 .. d_accepted] like the target's."""
         catch_up: list[int] = []
-        for slot, (last, k) in jobs.items():
-            before = self.target.slot_length(slot)
-            rows = self.target.extend(slot, [last, *drafts[slot]])
-            choices = [int(np.argmax(row)) for row in rows]
-            accepted = next((i for i in range(k) if drafts[slot][i] != choices[i]), k)
-            # Token i handed out (an accepted draft equals the target's choice) came from row i.
-            out[slot] = ([*drafts[slot][:accepted], choices[accepted]], rows[:accepted + 1], k, accepted)
-            # Both caches keep [last, d1 .. d_accepted]; the next turn feeds choices[accepted].
-            self.target.truncate(slot, before + 1 + accepted)
-            if accepted < k:
+        for slot, (before, accepted, drafts) in verified.items():
+            if accepted < len(drafts):
                 self.draft.truncate(slot, before + 1 + accepted)
             else:
-                catch_up.append(slot)  # the draft never ran d_k: feed it now
+                catch_up.append(slot)  # the draft never ran its last draft: feed it now
         if catch_up:
-            self.draft.decode(catch_up, [drafts[slot][-1] for slot in catch_up])
+            self.draft.decode(catch_up, [verified[slot][2][-1] for slot in catch_up])
+
+
+class NgramDrafts:
+    """Prompt lookup: the tokens that followed the latest earlier occurrence of the sequence's
+    last n tokens (the longest n from `max_n` down to `min_n` that occurred before). No model, no
+    cache: nothing to keep in step."""
+
+    def __init__(self, max_n: int = 4, min_n: int = 1) -> None:
+        if not 1 <= min_n <= max_n:
+            raise OptionError(f"n-gram sizes must satisfy 1 <= min <= max, not {min_n} and {max_n}")
+        self.max_n, self.min_n = max_n, min_n
+        self.sessions: list[Session] = []
+
+    def prefill(self, slot: int, ids: np.ndarray) -> None:
+        pass
+
+    def free(self, slot: int) -> None:
+        pass
+
+    def follow(self, slots: list[int], tokens: list[int]) -> None:
+        pass
+
+    def propose(self, jobs: dict[int, Job]) -> dict[int, list[int]]:
+        return {slot: lookup(history, k, self.max_n, self.min_n) for slot, (history, k) in jobs.items()}
+
+    def settle(self, verified: dict[int, tuple[int, int, list[int]]]) -> None:
+        pass
+
+
+def lookup(history: Sequence[int], k: int, max_n: int = 4, min_n: int = 1) -> list[int]:
+    """Up to k tokens that followed the latest earlier occurrence of history's last n tokens,
+    for the largest n in [min_n, max_n] that has one; [] when none does."""
+    tokens = list(history)
+    for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
+        tail = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):  # latest first; not the tail itself
+            if tokens[start:start + n] == tail:
+                return tokens[start + n:start + n + k]
+    return []
+
+
+class Speculator:
+    def __init__(self, target: Session, drafter: Drafter, k: int, metrics: Metrics | None = None) -> None:
+        if k < 1:
+            raise OptionError(f"--num-speculative-tokens must be >= 1, not {k}")
+        self.target, self.drafter, self.k, self.metrics = target, drafter, k, metrics
+        self.proposed = self.accepted = 0
+
+    @property
+    def sessions(self) -> list[Session]:
+        return self.drafter.sessions
+
+    def prefill(self, slot: int, ids: np.ndarray) -> None:
+        self.drafter.prefill(slot, ids)
+
+    def free(self, slot: int) -> None:
+        self.drafter.free(slot)
+
+    async def step(self, engine: Engine, batch: Sequence[int]) -> None:
+        """One turn for `batch` (the running slots): speculate for the greedy ones, decode the rest."""
+        jobs: dict[int, Job] = {}
+        plain: dict[int, int] = {}  # slot -> its last token
+        for slot in batch:
+            request = engine.running[slot]
+            length = len(request.prompt) + len(request.generated)  # the last token is not in the cache yet
+            k = min(self.k, request.max_tokens - len(request.generated) - 1, self.target.context - length - 1)
+            if request.temperature == 0 and k >= 1:
+                jobs[slot] = (request.prompt + request.generated, k)
+            else:
+                plain[slot] = request.generated[-1]
+        results = await asyncio.to_thread(self._speculate, jobs, plain)
+        for slot, (tokens, rows, proposed, accepted) in sorted(results.items()):
+            request = engine.running[slot]
+            if not tokens:  # decoded plainly: sample its next token as without speculation
+                engine._accept(request, [engine._sample(request, rows[0])], rows)
+                continue
+            self.proposed += proposed
+            self.accepted += accepted
+            if self.metrics is not None:
+                self.metrics.speculated(proposed, accepted)
+            engine._accept(request, tokens, rows)
+        engine.observer.decode_step(len(batch), engine.slots)
+
+    def _speculate(self, jobs: dict[int, Job], plain: dict[int, int]) -> dict[int, tuple[list[int], np.ndarray, int, int]]:
+        """(tokens to hand out, the target's logits each was chosen from, drafts proposed, drafts
+        accepted) per slot; for the slots decoded plainly (those asked to, and those with nothing
+        drafted), no tokens and the logits of one step."""
+        drafts = self.drafter.propose(jobs) if jobs else {}
+        plain = plain | {slot: history[-1] for slot, (history, _) in jobs.items() if not drafts[slot]}
+        out: dict[int, tuple[list[int], np.ndarray, int, int]] = {}
+        if plain:
+            slots = sorted(plain)
+            tokens = [plain[slot] for slot in slots]
+            self.drafter.follow(slots, tokens)
+            for slot, row in zip(slots, self.target.decode(slots, tokens)):
+                out[slot] = ([], row[None], 0, 0)
+        verified: dict[int, tuple[int, int, list[int]]] = {}
+        for slot, (history, _) in jobs.items():
+            proposal = drafts[slot]
+            if not proposal:
+                continue
+            before = self.target.slot_length(slot)
+            rows = self.target.extend(slot, [history[-1], *proposal])
+            choices = [int(np.argmax(row)) for row in rows]
+            accepted = next((i for i in range(len(proposal)) if proposal[i] != choices[i]), len(proposal))
+            # Token i handed out (an accepted draft equals the target's choice) came from row i.
+            out[slot] = ([*proposal[:accepted], choices[accepted]], rows[:accepted + 1], len(proposal), accepted)
+            self.target.truncate(slot, before + 1 + accepted)  # [last, d1 .. d_accepted]; next feeds choices[accepted]
+            verified[slot] = (before, accepted, proposal)
+        self.drafter.settle(verified)
         return out
 
 
@@ -130,7 +225,7 @@ def vocabulary(session: Session) -> int | str | None:
     return next((v.type.shape[-1] for v in session.graph.outputs if v.name == name), None)
 
 
-def predicted_speedup(acceptance: float, k: int, target_plan: Plan, draft_plan: Plan) -> float:
+def predicted_speedup(acceptance: float, k: int, target_plan: Plan, draft_plan: Plan | None = None) -> float:
     """Tokens per second with speculation over tokens per second without, on the plan's target.
 
     With a per-token acceptance rate a, a turn hands out E = (1 - a^(k+1)) / (1 - a) tokens per
@@ -143,7 +238,7 @@ def predicted_speedup(acceptance: float, k: int, target_plan: Plan, draft_plan: 
     """
     batch = target_plan.workload.batch
     step_s = target_plan.prediction.time_per_token_s
-    draft_s = draft_plan.prediction.time_per_token_s
+    draft_s = draft_plan.prediction.time_per_token_s if draft_plan is not None else 0.0  # n-gram: host lookup
     verify_s = _step_at(target_plan, batch * (k + 1)) or step_s * (k + 1)
     a = min(max(acceptance, 0.0), 1.0)
     tokens = k + 1 if a == 1.0 else (1 - a ** (k + 1)) / (1 - a)

@@ -36,7 +36,17 @@ class EngineOptions:
     max_queue: int = 256
     request_timeout_s: float | None = None
     draft: str | None = None  # a draft artifact for speculative decoding (the first model only)
+    speculative_method: str | None = None  # "draft" (needs `draft`) or "ngram"; None: "draft" if a draft is given
     num_speculative_tokens: int = 4
+
+    @property
+    def method(self) -> str | None:
+        method = self.speculative_method or ("draft" if self.draft is not None else None)
+        if method == "draft" and self.draft is None:
+            raise OptionError("--speculative-method draft needs a draft model", hint="pass --draft ARTIFACT")
+        if method == "ngram" and self.draft is not None:
+            raise OptionError("n-gram speculation uses no draft model", hint="drop --draft, or use --speculative-method draft")
+        return method
 
 
 @dataclass
@@ -53,7 +63,7 @@ class ServedModel:
 def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Registry) -> dict[str, ServedModel]:
     """Open every artifact (each must be able to generate), check that the tenants are isolated."""
     from aviatorc.runtime.text import load_tokenizer, source_tokenizer
-    from aviatorc.serve.speculative import Speculator
+    from aviatorc.serve.speculative import DraftModel, NgramDrafts, Speculator
 
     if not specs:
         raise OptionError("no artifact to serve", hint="aviatorc serve ARTIFACT [ARTIFACT...]")
@@ -82,12 +92,14 @@ def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Regist
                                   hint="compile each onto its own chiplets with --chiplets")
         metrics = registry.model(name)
         speculator = None
-        if options.draft is not None and index == 0:
+        if options.method == "ngram" and index == 0:
+            speculator = Speculator(session, NgramDrafts(), options.num_speculative_tokens, metrics)
+        if options.method == "draft" and options.draft is not None and index == 0:
             draft = Session(options.draft)
             if draft.artifact.plan.target_name != target:
                 raise OptionError(f"the draft was compiled for target '{draft.artifact.plan.target_name}' but "
                                   f"'{name}' for '{target}'", file=options.draft, hint="compile both for one target")
-            speculator = Speculator(draft, session, options.num_speculative_tokens, metrics)
+            speculator = Speculator(session, DraftModel(draft, session), options.num_speculative_tokens, metrics)
             drafts_chiplets = frozenset(draft.artifact.plan.chiplets)
         try:
             engine = Engine(session, max_num_seqs=options.max_num_seqs, policy=options.policy,

@@ -22,7 +22,7 @@ from aviatorc import zoo
 from aviatorc.runtime import Session
 from aviatorc.runtime.text import load_tokenizer
 from aviatorc.serve.engine import Engine, GenerationRequest
-from aviatorc.serve.speculative import Speculator
+from aviatorc.serve.speculative import DraftModel, Speculator
 from tests.serve.servers import start_server
 from tests.serve.test_engine import serve
 
@@ -140,7 +140,7 @@ def test_speculative_decoding_reports_what_plain_decoding_does(artifacts):
         return reqs
 
     plain = run(None)
-    speculating = Speculator(Session(artifacts["llama"]), target, 3)  # the target as its own draft: all accepted
+    speculating = Speculator(target, DraftModel(Session(artifacts["llama"]), target), 3)  # its own draft: all accepted
     drafted = run(speculating)
     assert speculating.accepted > 0
     for a, b in zip(plain, drafted):

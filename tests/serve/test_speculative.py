@@ -4,7 +4,9 @@
   (the target itself: every draft accepted) and one that mostly does not (a different model);
 - the acceptance counts are what the verification saw: all k with the target as its own draft;
 - `Session.extend` gives the logits a token-by-token `decode` gives, and `truncate` rolls back;
-- the predicted speedup follows the acceptance rate on the plan's simulated steps.
+- the predicted speedup follows the acceptance rate on the plan's simulated steps;
+- n-gram drafts (prompt lookup, no draft model): the lookup itself, the same greedy output, and
+  drafts accepted on text that repeats.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 import aviatorc
 from aviatorc.runtime import Session
 from aviatorc.serve.engine import Engine, GenerationRequest
-from aviatorc.serve.speculative import Speculator, predicted_speedup
+from aviatorc.serve.speculative import DraftModel, NgramDrafts, Speculator, lookup, predicted_speedup
 from tests.serve.test_engine import alone, prompts, serve
 
 
@@ -27,7 +29,7 @@ def target(artifacts) -> Session:
 
 
 def speculate(target: Session, draft: Session, k: int, reqs: list[GenerationRequest]) -> Speculator:
-    speculator = Speculator(draft, target, k)
+    speculator = Speculator(target, DraftModel(draft, target), k)
     asyncio.run(serve(Engine(target, speculator=speculator), reqs, stagger_steps=1))
     return speculator
 
@@ -79,3 +81,39 @@ def test_the_predicted_speedup_follows_acceptance(artifacts):
     # A draft as costly as the target gains nothing even when it is always right: k+1 tokens cost
     # k draft steps of a target step each, and one verify step of at least a decode's cost.
     assert predicted_speedup(1.0, 4, plan, plan) <= 1.0
+
+
+# -- n-gram drafts (prompt lookup) -----------------------------------------------------------------
+
+
+def test_lookup_copies_what_followed_the_latest_longest_match():
+    # The last two tokens (3, 4) occurred twice before: the latest occurrence's continuation wins.
+    assert lookup([3, 4, 9, 9, 3, 4, 7, 8, 3, 4], 3) == [7, 8, 3]
+    assert lookup([3, 4, 9, 9, 3, 4, 7, 8, 3, 4], 1) == [7]
+    # A longer match beats a later shorter one: (1, 2, 3) occurred at the start; 3 alone later.
+    assert lookup([1, 2, 3, 5, 6, 3, 0, 1, 2, 3], 2) == [5, 6]
+    assert lookup([1, 2, 3], 4) == []  # nothing repeats
+    assert lookup([5, 5], 3) == [5]  # a run continues itself
+    assert lookup([1, 2, 1], 2, min_n=2) == []  # only n >= 2 counts
+
+
+def test_ngram_drafts_keep_the_greedy_output_and_are_accepted_on_repeating_text(target):
+    new = 16
+    loop = [40, 41, 42, 43, 44] * 3  # a prompt that repeats: lookup has something to propose at once
+    reqs = [GenerationRequest(prompt=p, max_tokens=new) for p in [loop, *prompts(3, seed=11)]]
+    speculator = Speculator(target, NgramDrafts(), 4)
+    asyncio.run(serve(Engine(target, speculator=speculator), reqs, stagger_steps=1))
+    for request in reqs:
+        assert request.generated == alone(target, request.prompt, new)
+    assert speculator.proposed > 0 and 0 < speculator.accepted <= speculator.proposed
+    # Nothing drafted costs nothing: with no repeats at all, every step is a plain decode.
+    plain = GenerationRequest(prompt=[60, 61, 62], max_tokens=2)
+    quiet = Speculator(target, NgramDrafts(max_n=4, min_n=4), 4)
+    asyncio.run(serve(Engine(target, speculator=quiet), [plain]))
+    assert quiet.proposed == 0 and plain.generated == alone(target, [60, 61, 62], 2)
+
+
+def test_ngram_speculation_is_predicted_without_a_draft_step(artifacts):
+    plan = aviatorc.load(artifacts["llama"]).plan
+    assert predicted_speedup(1.0, 4, plan) > predicted_speedup(1.0, 4, plan, aviatorc.load(artifacts["draft"]).plan)
+    assert predicted_speedup(0.0, 4, plan) < 1.0  # verifying only rejected drafts still costs

@@ -62,6 +62,19 @@ def test_the_server_speculates_with_a_draft(artifacts, tmp_path):
         assert metric(server, "aviatorc_spec_decode_acceptance_rate") == pytest.approx(1.0)  # its own draft
 
 
+def test_the_server_speculates_by_ngram_lookup_and_refuses_a_method_without_its_draft(artifacts, tmp_path):
+    target = Session(artifacts["llama"])
+    prompt = [40, 41, 42, 43] * 3  # repeating text: the lookup proposes from the first step
+    want = target.generate(prompt, 16)[len(prompt):].tolist()
+    with start_server(str(artifacts["llama"]), "--speculative-method", "ngram", "--num-speculative-tokens", "3",
+                      log=tmp_path / "log") as server:
+        assert complete(server.url, "llama", prompt, 16) == want
+        assert metric(server, "aviatorc_spec_decode_draft_tokens_total") > 0
+    out = subprocess.run([sys.executable, "-m", "aviatorc", "serve", str(artifacts["llama"]), "--speculative-method",
+                          "draft", "--port", "0"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "--speculative-method draft needs a draft model" in out.stderr
+
+
 def _children(pid: int) -> list[int]:
     out = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
