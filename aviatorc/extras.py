@@ -14,9 +14,9 @@ from aviatorc.errors import OptionError
 
 # extra -> (import name, distribution name) of each package it adds for a command.
 EXTRAS: dict[str, tuple[tuple[str, str], ...]] = {
-    # `aviatorc serve`: an ASGI stack, SSE and Prometheus metrics.
+    # `aviatorc serve`: an ASGI stack, SSE, Prometheus metrics and grammar masks for structured outputs.
     "serve": (("fastapi", "fastapi"), ("uvicorn", "uvicorn"), ("sse_starlette", "sse-starlette"),
-              ("prometheus_client", "prometheus-client")),
+              ("prometheus_client", "prometheus-client"), ("llguidance", "llguidance")),
     # .gguf models: transformers' GGUF reader needs both.
     "gguf": (("gguf", "gguf"), ("accelerate", "accelerate")),
     # examples/export_zoo.py and `aviatorc.zoo.export_onnx`: torch.onnx's exporter needs onnxscript.

@@ -184,6 +184,30 @@ def _model(models: dict[str, ServedModel], name: str | None) -> ServedModel:
     return models[name]
 
 
+def _vocabulary(model: ServedModel) -> int | None:
+    """The width of the model's logits."""
+    logits = model.session.cache.logits if model.session.cache else None
+    vocab = next((v.type.shape[-1] for v in model.session.graph.outputs if v.name == logits), None)
+    return vocab if isinstance(vocab, int) else None
+
+
+def _constraints(model: ServedModel, body: SamplingFields, count: int) -> list[Any]:
+    """One grammar constraint per prompt for a structured output (None each for free text). Runs
+    in a worker thread: the first one reads the tokenizer into llguidance (about a second)."""
+    from aviatorc.serve.structured import Grammars
+
+    asked = body.structure()
+    if asked is None:
+        return [None] * count
+    vocab = _vocabulary(model)
+    if model.tokenizer is None or vocab is None:
+        raise HTTPError(400, f"model '{model.name}' has no tokenizer: structured outputs need one (start the server "
+                             "with --tokenizer)")
+    if model.grammars is None:
+        model.grammars = Grammars(model.tokenizer, vocab)
+    return [model.grammars.constraint(*asked) for _ in range(count)]
+
+
 def _completion_prompts(model: ServedModel, prompt: Any) -> list[list[int]]:
     """One list of ids per prompt: text through the tokenizer, ids as given."""
     batch = prompt if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else [prompt]
@@ -196,17 +220,17 @@ def _completion_prompts(model: ServedModel, prompt: Any) -> list[list[int]]:
             out.append(list(model.tokenizer.encode(item)))
         else:
             out.append(list(item))
-    logits = model.session.cache.logits if model.session.cache else None
-    vocab = next((v.type.shape[-1] for v in model.session.graph.outputs if v.name == logits), None)
+    vocab = _vocabulary(model)
     for ids in out:
         if not ids:
             raise HTTPError(400, "a prompt is empty")
-        if isinstance(vocab, int) and any(not 0 <= t < vocab for t in ids):
+        if vocab is not None and any(not 0 <= t < vocab for t in ids):
             raise HTTPError(400, f"a prompt holds token ids outside the vocabulary (0..{vocab - 1})")
     return out
 
 
-def _generation_requests(model: ServedModel, body: SamplingFields, prompts: list[list[int]]) -> list[GenerationRequest]:
+def _generation_requests(model: ServedModel, body: SamplingFields, prompts: list[list[int]],
+                         constraints: list[Any]) -> list[GenerationRequest]:
     body.check_supported()
     stop_ids = set(body.stop_token_ids)
     eos = getattr(model.tokenizer, "eos_token_id", None)
@@ -214,17 +238,19 @@ def _generation_requests(model: ServedModel, body: SamplingFields, prompts: list
         stop_ids.add(int(eos))
     room = model.session.context
     out = []
-    for ids in prompts:
+    for ids, constraint in zip(prompts, constraints, strict=True):
         max_tokens = body.max_tokens if body.max_tokens is not None else max(1, room - len(ids))
         out.append(GenerationRequest(prompt=ids, max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
                                      seed=body.seed, stop_ids=frozenset(stop_ids), priority=body.priority,
-                                     timeout_s=body.timeout, logprobs=body.top_logprobs))
+                                     timeout_s=body.timeout, logprobs=body.top_logprobs, constraint=constraint))
     return out
 
 
 async def _serve(model: ServedModel, body: SamplingFields, prompts: list[list[int]], raw: Request,
                  *, chat: bool) -> Any:
-    requests = _generation_requests(model, body, prompts)
+    body.check_supported()
+    constraints = await asyncio.to_thread(_constraints, model, body, len(prompts))
+    requests = _generation_requests(model, body, prompts, constraints)
     submitted: list[GenerationRequest] = []
     try:
         for request in requests:

@@ -41,6 +41,7 @@ import numpy as np
 from aviatorc.backends.contract import Precedence
 from aviatorc.errors import AviatorError, OptionError
 from aviatorc.runtime.sampling import MAX_TOP_LOGPROBS, Logprobs, check_sampling, logprobs, sample
+from aviatorc.serve.structured import Constraint
 
 POLICIES = ("fcfs", "priority")
 log = logging.getLogger("aviatorc.serve")
@@ -82,6 +83,7 @@ class GenerationRequest:
     priority: int = 0
     timeout_s: float | None = None
     logprobs: int | None = None  # report each token's log-probability and this many of the most likely
+    constraint: Constraint | None = None  # a structured-output grammar (`aviatorc.serve.structured`)
     # Filled in by the engine.
     generated: list[int] = field(default_factory=list)
     reported: list[Logprobs] = field(default_factory=list)  # one per generated token, when `logprobs` is set
@@ -284,7 +286,7 @@ class Engine:
         logits = await asyncio.to_thread(self.session.decode, batch, tokens)
         self.observer.decode_step(len(batch), self.slots)
         for slot, row in zip(batch, logits):
-            self._accept(self.running[slot], [self._sample(self.running[slot], row)], [row])
+            self._take(self.running[slot], row)
 
     async def _prefill(self, request: GenerationRequest, *, first: bool = False) -> None:
         """Prefill `request` in its slot; `first`: while a decode step is in flight, which pauses
@@ -301,7 +303,7 @@ class Engine:
             self._finish(request, Finished("error", str(error) if isinstance(error, AviatorError)
                                            else f"internal error: {type(error).__name__}: {error}"))
             return
-        self._accept(request, [self._sample(request, logits)], [logits])
+        self._take(request, logits)
 
     def _prefill_now(self, slot: int, ids: np.ndarray, first: bool) -> np.ndarray:
         sessions = [self.session] + (self.speculator.sessions if self.speculator is not None else [])
@@ -314,7 +316,18 @@ class Engine:
                 self.speculator.prefill(slot, ids)
         return logits
 
+    def _take(self, request: GenerationRequest, logits: np.ndarray) -> None:
+        """Sample the request's next token from its row of logits and hand it over."""
+        try:
+            token = self._sample(request, logits)
+        except OptionError as error:  # its grammar allows no token of this vocabulary: end it alone
+            self._finish(request, Finished("error", str(error)))
+            return
+        self._accept(request, [token], [logits])
+
     def _sample(self, request: GenerationRequest, logits: np.ndarray) -> int:
+        if request.constraint is not None:  # only what the grammar allows
+            logits = request.constraint.mask(logits)
         return sample(logits, temperature=request.temperature, top_p=request.top_p, rng=request._rng)
 
     def _accept(self, request: GenerationRequest, tokens: Sequence[int], rows: Sequence[np.ndarray] | np.ndarray) -> None:
@@ -333,6 +346,15 @@ class Engine:
                 request.reported.append(reported)
             request._queue.put_nowait(Token(token, reported))
             self.observer.tokens(1)
+            if request.constraint is not None:
+                try:
+                    request.constraint.accept(token)
+                except OptionError as error:  # cannot happen for a masked choice: end this request alone
+                    self._finish(request, Finished("error", str(error)))
+                    return
+                if request.constraint.done:  # the structure is complete
+                    self._finish(request, Finished("stop"))
+                    return
             if token in request.stop_ids:
                 self._finish(request, Finished("stop"))
                 return

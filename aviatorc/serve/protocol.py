@@ -101,6 +101,31 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's `response_format`."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs`: exactly one of its fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+
 class SamplingFields(BaseModel):
     """What completions and chat completions share."""
 
@@ -120,11 +145,13 @@ class SamplingFields(BaseModel):
     priority: int = 0
     timeout: float | None = Field(default=None, gt=0.0)
     n: int = 1
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
 
     def check_supported(self) -> None:
         if self.n != 1:
             raise OptionError(f"n={self.n} is not supported: one choice per prompt", hint="send n=1")
-        for name in ("best_of", "suffix", "tools", "functions", "logit_bias", "response_format"):
+        for name in ("best_of", "suffix", "tools", "functions", "logit_bias"):
             value = (self.model_extra or {}).get(name)
             if value not in (None, False, 0, {}, []):
                 raise OptionError(f"'{name}' is not supported by this server")
@@ -150,6 +177,28 @@ class SamplingFields(BaseModel):
     def top_logprobs(self) -> int | None:
         """None: no log-probabilities; k: each token's and its k most likely alternatives'."""
         return None
+
+    def structure(self) -> tuple[str, Any] | None:
+        """The structured output asked for, as (format, its schema / regex / choices / grammar),
+        one of `aviatorc.serve.structured.FORMATS`; None for free text."""
+        asked: list[tuple[str, Any]] = []
+        r = self.response_format
+        if r is not None and r.type == "json_object":
+            asked.append(("json_object", None))
+        elif r is not None and r.type == "json_schema":
+            if r.json_schema is None:
+                raise OptionError("response_format of type json_schema needs its 'json_schema'")
+            asked.append(("json_schema", r.json_schema.schema_))
+        if self.structured_outputs is not None:
+            so = self.structured_outputs
+            given = [(k, v) for k, v in (("json", so.json_), ("regex", so.regex), ("choice", so.choice),
+                                         ("grammar", so.grammar)) if v is not None]
+            if len(given) != 1:
+                raise OptionError(f"structured_outputs needs exactly one of json, regex, choice, grammar; got {len(given)}")
+            asked += given
+        if len(asked) > 1:
+            raise OptionError("give response_format or structured_outputs, not both")
+        return asked[0] if asked else None
 
 
 class CompletionRequest(SamplingFields):

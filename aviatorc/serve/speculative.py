@@ -16,7 +16,9 @@ Each engine step, for every running sequence sampled greedily (temperature 0):
    d1 .. di and then t(i) (the target's token where they differ, or t(k) when all agree);
 4. the target's cache (and a draft model's) is cut back to the tokens accepted (`Session.truncate`).
 Every token handed out is the target's own greedy choice given the tokens before it, so the
-output is the target's alone (up to float rounding between one-token and k-token steps).
+output is the target's alone (up to float rounding between one-token and k-token steps). Under a
+structured-output grammar, drafts it refuses are cut before verification and the target's
+choices are its masked ones, so the output equals constrained decoding without speculation.
 Sequences that sample (temperature > 0), and those with nothing drafted, decode normally in the
 same turn: rejection sampling is not implemented.
 
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
     from aviatorc.runtime import Session
     from aviatorc.serve.engine import Engine
     from aviatorc.serve.metrics import Metrics
+    from aviatorc.serve.structured import Constraint
 
 METHODS = ("draft", "ngram")
 Job = tuple[list[int], int]  # (the sequence so far: prompt and generated tokens, drafts wanted)
@@ -168,19 +171,22 @@ class Speculator:
         """One turn for `batch` (the running slots): speculate for the greedy ones, decode the rest."""
         jobs: dict[int, Job] = {}
         plain: dict[int, int] = {}  # slot -> its last token
+        constraints: dict[int, Constraint] = {}
         for slot in batch:
             request = engine.running[slot]
             length = len(request.prompt) + len(request.generated)  # the last token is not in the cache yet
             k = min(self.k, request.max_tokens - len(request.generated) - 1, self.target.context - length - 1)
             if request.temperature == 0 and k >= 1:
                 jobs[slot] = (request.prompt + request.generated, k)
+                if request.constraint is not None:
+                    constraints[slot] = request.constraint
             else:
                 plain[slot] = request.generated[-1]
-        results = await asyncio.to_thread(self._speculate, jobs, plain)
+        results = await asyncio.to_thread(self._speculate, jobs, plain, constraints)
         for slot, (tokens, rows, proposed, accepted) in sorted(results.items()):
             request = engine.running[slot]
             if not tokens:  # decoded plainly: sample its next token as without speculation
-                engine._accept(request, [engine._sample(request, rows[0])], rows)
+                engine._take(request, rows[0])
                 continue
             self.proposed += proposed
             self.accepted += accepted
@@ -189,11 +195,16 @@ class Speculator:
             engine._accept(request, tokens, rows)
         engine.observer.decode_step(len(batch), engine.slots)
 
-    def _speculate(self, jobs: dict[int, Job], plain: dict[int, int]) -> dict[int, tuple[list[int], np.ndarray, int, int]]:
+    def _speculate(self, jobs: dict[int, Job], plain: dict[int, int], constraints: dict[int, Constraint]
+                   ) -> dict[int, tuple[list[int], np.ndarray, int, int]]:
         """(tokens to hand out, the target's logits each was chosen from, drafts proposed, drafts
         accepted) per slot; for the slots decoded plainly (those asked to, and those with nothing
-        drafted), no tokens and the logits of one step."""
+        drafted), no tokens and the logits of one step. Under a grammar (`constraints`), drafts
+        past the first token it refuses are dropped before verification, and the target's
+        choices are its masked ones."""
         drafts = self.drafter.propose(jobs) if jobs else {}
+        for slot, grammar in constraints.items():
+            drafts[slot] = drafts[slot][:grammar.matcher.validate_tokens(drafts[slot])]
         plain = plain | {slot: history[-1] for slot, (history, _) in jobs.items() if not drafts[slot]}
         out: dict[int, tuple[list[int], np.ndarray, int, int]] = {}
         if plain:
@@ -209,10 +220,14 @@ class Speculator:
                 continue
             before = self.target.slot_length(slot)
             rows = self.target.extend(slot, [history[-1], *proposal])
-            choices = [int(np.argmax(row)) for row in rows]
-            accepted = next((i for i in range(len(proposal)) if proposal[i] != choices[i]), len(proposal))
-            # Token i handed out (an accepted draft equals the target's choice) came from row i.
-            out[slot] = ([*proposal[:accepted], choices[accepted]], rows[:accepted + 1], len(proposal), accepted)
+            choices = (constraints[slot].greedy(rows, proposal) if slot in constraints
+                       else [int(np.argmax(row)) for row in rows])
+            agree = min(len(proposal), len(choices))
+            accepted = next((i for i in range(agree) if proposal[i] != choices[i]), agree)
+            # Token i handed out (an accepted draft equals the target's choice) came from row i;
+            # a grammar that completes inside the drafts ends the output there.
+            tokens = [*proposal[:accepted], *choices[accepted:accepted + 1]]
+            out[slot] = (tokens, rows[:len(tokens)], len(proposal), accepted)
             self.target.truncate(slot, before + 1 + accepted)  # [last, d1 .. d_accepted]; next feeds choices[accepted]
             verified[slot] = (before, accepted, proposal)
         self.drafter.settle(verified)

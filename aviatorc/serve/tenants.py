@@ -58,6 +58,7 @@ class ServedModel:
     metrics: Metrics
     chiplets: frozenset[int]
     created: int  # the artifact's mtime, for /v1/models
+    grammars: Any = None  # `aviatorc.serve.structured.Grammars`, made at the first structured request
 
 
 def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Registry) -> dict[str, ServedModel]:

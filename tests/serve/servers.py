@@ -125,3 +125,21 @@ def _ready_url(process: subprocess.Popen[str], lines: queue.Queue[str], wait_s: 
         if line.startswith(READY):
             return line.split()[len(READY.split())]
     raise AssertionError(f"the server did not get ready in {wait_s} s: {log.read_text()[-2000:]}")
+
+
+@pytest.fixture(scope="session")
+def char_tokenizer_dir(tmp_path_factory) -> Path:
+    """A character tokenizer over the zoo's 128 ids: '<unk>' '<s>' '</s>', then ASCII 3..127 one
+    character a token (byte fallback, so llguidance reads each token's bytes): JSON can be spelled."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": EOS}
+    vocab |= {chr(i) if 32 <= i < 127 else f"<0x{i:02X}>": i for i in range(3, zoo.VOCAB_SIZE)}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    core.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    tok.chat_template = CHAT_TEMPLATE
+    folder = tmp_path_factory.mktemp("char-tokenizer")
+    tok.save_pretrained(folder)
+    return folder
