@@ -23,6 +23,7 @@ ORDER = [
     ("bench_int4_default", "python tools/bench_int4_default.py"),
     ("bench_partition", "python tools/bench_partition.py"),
     ("bench_plan", "python tools/bench_plan.py"),
+    ("bench_claims", "python tools/bench_claims.py"),
     ("bench_runtime", "python tools/bench_runtime.py"),
     ("bench_serve", "python tools/bench_serve.py --draft"),
     ("bench_report", "python tools/bench_report.py"),

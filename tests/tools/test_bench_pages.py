@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "tools" / "results"
 PAGES = [("bench_partition", "bench_partition"), ("bench_quant", "bench_quant_minilm"),
          ("bench_quant", "bench_quant_smollm2"), ("bench_defaults", "bench_defaults"),
-         ("bench_int4_default", "bench_int4_default"), ("bench_plan", "bench_plan")]
+         ("bench_int4_default", "bench_int4_default"), ("bench_plan", "bench_plan"), ("bench_claims", "bench_claims")]
 
 
 def script(name: str) -> ModuleType:
