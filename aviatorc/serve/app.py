@@ -156,9 +156,12 @@ def create_app(models: dict[str, ServedModel], registry: Registry) -> FastAPI:
         if model.tokenizer is None or not getattr(model.tokenizer, "chat_template", None):
             raise HTTPError(400, f"model '{model.name}' has no tokenizer with a chat template: chat needs one "
                                  "(start the server with --tokenizer), or use /v1/completions with token ids")
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        messages = [{"role": m.role, "content": m.text(), **{k: v for k, v in (m.model_extra or {}).items()
+                                                             if k in ("tool_calls", "tool_call_id", "name")}}
+                    for m in body.messages]
+        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tool_mode != "none" and body.tools else None
         try:
-            text = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            text = model.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
         except Exception as error:  # noqa: BLE001 - templates raise on conversations they refuse (roles out of turn)
             raise HTTPError(400, f"the chat template refused these messages: {error}") from None
         if body.max_completion_tokens is not None:
@@ -279,6 +282,8 @@ class _Shape:
         self.with_ids = body.return_token_ids or model.tokenizer is None
         self.asked_logprobs = body.top_logprobs is not None
         self._texts: dict[int, str] = {}
+        self.tool_mode = body.tool_mode if isinstance(body, ChatRequest) else "none"
+        self.tool_names = {t.function.name for t in body.tools or ()} if isinstance(body, ChatRequest) else set()
 
     def envelope(self, choices: list[dict[str, Any]], *, chunk: bool) -> dict[str, Any]:
         kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
@@ -291,7 +296,12 @@ class _Shape:
         logprobs = self.logprobs(reported, offset) if self.asked_logprobs and (reported or not chunk) else None
         if self.chat:
             body: dict[str, Any] = {"index": index, "finish_reason": finish, "logprobs": logprobs}
-            content = {"content": text} if text or not chunk else {}
+            content: dict[str, Any] = {"content": text} if text or not chunk else {}
+            calls = self.tool_calls(text) if finish is not None else None
+            if calls:
+                content = {"content": None, "tool_calls": calls if not chunk else [
+                    {"index": i, **call} for i, call in enumerate(calls)]}
+                body["finish_reason"] = "tool_calls" if finish == "stop" else finish
             if chunk:
                 body["delta"] = content
             else:
@@ -303,6 +313,40 @@ class _Shape:
             if prompt is not None:
                 body["prompt_token_ids"] = prompt
         return body
+
+    @property
+    def buffered(self) -> bool:
+        """A stream that may turn out to be a tool call sends its text once, at its end."""
+        return self.tool_mode != "none"
+
+    def tool_calls(self, text: str) -> list[dict[str, Any]] | None:
+        """The tool calls a finished chat answer holds, in OpenAI's shape; None for plain text.
+        named: the text is the function's arguments; required: a JSON list of {name, parameters}
+        (what the grammar enforced); auto: the text, if it is one such call or a list of them
+        (the JSON tool-call form of Llama 3 and others), else it is the answer's content."""
+        if self.tool_mode == "none":
+            return None
+        if self.tool_mode == "named":
+            assert isinstance(self.body, ChatRequest) and self.body.tool_choice is not None
+            name = self.body.tool_choice.function.name  # type: ignore[union-attr]
+            return [self._call(name, text)] if _is_json(text) else None
+        try:
+            found = json.loads(text)
+        except ValueError:
+            return None
+        found = found if isinstance(found, list) else [found]
+        calls = []
+        for item in found:
+            if not isinstance(item, dict) or item.get("name") not in self.tool_names:
+                return None
+            arguments = item.get("parameters", item.get("arguments", {}))
+            calls.append(self._call(item["name"], arguments if isinstance(arguments, str)
+                                    else json.dumps(arguments, separators=(",", ":"))))
+        return calls or None
+
+    @staticmethod
+    def _call(name: str, arguments: str) -> dict[str, Any]:
+        return {"id": "call_" + uuid.uuid4().hex[:24], "type": "function", "function": {"name": name, "arguments": arguments}}
 
     def token_text(self, token: int) -> str:
         if token not in self._texts:
@@ -329,6 +373,14 @@ class _Shape:
         prompt = sum(len(r.prompt) for r in requests)
         completion = sum(len(t.kept(r.generated)) for r, t in zip(requests, texts))
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _finish_reason(end: Finished, text: TextStream) -> str:
@@ -399,6 +451,8 @@ async def _stream(model: ServedModel, shape: _Shape, requests: list[GenerationRe
                 if text.stopped:
                     request.stop()
                     model.engine.wake()
+                if shape.buffered:
+                    continue
                 ids = text.kept(request.generated)[sent[index]:]
                 reported = request.reported[sent[index]:sent[index] + len(ids)]
                 sent[index] += len(ids)
@@ -411,8 +465,13 @@ async def _stream(model: ServedModel, shape: _Shape, requests: list[GenerationRe
                 yield json.dumps(_ended(event)[1])
                 continue
             delta = text.push(request.generated, final=True)
-            yield json.dumps(shape.envelope([shape.choice(index, delta, _finish_reason(event, text), [], chunk=True)],
-                                            chunk=True))
+            if shape.buffered:
+                kept = text.kept(request.generated)
+                delta, ids, reported = text.text, kept, request.reported[:len(kept)]
+            else:
+                ids, reported = [], []
+            yield json.dumps(shape.envelope([shape.choice(index, delta, _finish_reason(event, text), ids, chunk=True,
+                                                          reported=reported)], chunk=True))
         if shape.body.include_usage:
             yield json.dumps({**shape.envelope([], chunk=True), "usage": shape.usage(requests, texts)})
         yield "[DONE]"

@@ -151,7 +151,7 @@ class SamplingFields(BaseModel):
     def check_supported(self) -> None:
         if self.n != 1:
             raise OptionError(f"n={self.n} is not supported: one choice per prompt", hint="send n=1")
-        for name in ("best_of", "suffix", "tools", "functions", "logit_bias"):
+        for name in ("best_of", "suffix", "functions", "function_call", "logit_bias"):
             value = (self.model_extra or {}).get(name)
             if value not in (None, False, 0, {}, []):
                 raise OptionError(f"'{name}' is not supported by this server")
@@ -240,17 +240,76 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
+class Function(BaseModel):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: Function
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class ToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: Annotated[bool, Strict()] = False
     top_logprobs_: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS, alias="top_logprobs")
+    tools: list[Tool] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | ToolChoice | None = None
+    parallel_tool_calls: bool = True
 
     @property
     def top_logprobs(self) -> int | None:
         if self.top_logprobs_ is not None and not self.logprobs:
             raise OptionError("top_logprobs needs logprobs: true", hint="send \"logprobs\": true with it")
         return (self.top_logprobs_ or 0) if self.logprobs else None
+
+    @property
+    def tool_mode(self) -> str:
+        """"none", "auto" (the model may call one), "required" (it must call at least one), or
+        "named" (it must call `tool_choice`'s function), as OpenAI defines `tool_choice`."""
+        if not self.tools:
+            if self.tool_choice not in (None, "none"):
+                raise OptionError("tool_choice needs tools")
+            return "none"
+        if isinstance(self.tool_choice, ToolChoice):
+            if self.tool_choice.function.name not in {t.function.name for t in self.tools}:
+                raise OptionError(f"tool_choice names '{self.tool_choice.function.name}', which is not among the tools")
+            return "named"
+        return self.tool_choice or "auto"
+
+    def structure(self) -> tuple[str, Any] | None:
+        """A named or required tool call is a structured output: the function's parameters, or a
+        list of calls each of one tool's name and parameters (as vLLM enforces them)."""
+        asked = super().structure()
+        mode = self.tool_mode
+        if mode not in ("named", "required"):
+            return asked
+        if asked is not None:
+            raise OptionError("a required tool call and response_format / structured_outputs exclude each other")
+        assert self.tools is not None
+        if mode == "named":
+            assert isinstance(self.tool_choice, ToolChoice)
+            chosen = next(t for t in self.tools if t.function.name == self.tool_choice.function.name)
+            return "json_schema", chosen.function.parameters
+        calls = [{"type": "object", "properties": {"name": {"enum": [t.function.name]}, "parameters": t.function.parameters},
+                  "required": ["name", "parameters"], "additionalProperties": False} for t in self.tools]
+        schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+        if not self.parallel_tool_calls:
+            schema["maxItems"] = 1
+        return "json_schema", schema
 
 
 class TextStream:

@@ -151,3 +151,51 @@ def test_a_structure_that_cannot_be_enforced_is_a_400(server):
     with pytest.raises(openai.BadRequestError, match="json_schema"):
         client.chat.completions.create(model="llama", messages=messages, max_tokens=4,
                                        response_format={"type": "json_schema"})
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "the weather in a city", "parameters": {
+    "type": "object", "properties": {"city": NAME, "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"],
+    "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["utc", "local"]}}, "required": ["zone"], "additionalProperties": False}}}
+
+
+def test_tool_calls_named_required_and_auto_through_the_openai_client(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": "weather?"}]
+    named = client.chat.completions.create(model="llama", messages=messages, max_tokens=80, seed=4, tools=[WEATHER, TIME],
+                                           tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    choice = named.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (named_call,) = choice.message.tool_calls
+    assert named_call.type == "function" and named_call.function.name == "get_weather"
+    assert named_call.id.startswith("call_")
+    jsonschema.validate(json.loads(named_call.function.arguments), WEATHER["function"]["parameters"])
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
+    for seed in range(3):
+        required = client.chat.completions.create(model="llama", messages=messages, max_tokens=200, seed=seed,
+                                                  tools=[WEATHER, TIME], tool_choice="required")
+        calls = required.choices[0].message.tool_calls
+        assert calls and required.choices[0].finish_reason == "tool_calls"
+        for call in calls:
+            jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+    # auto: a JSON call in the answer is a tool call (forced here with a schema); plain text stays text
+    as_call = {"type": "object", "properties": {"name": {"enum": ["get_time"]}, "parameters": TIME["function"]["parameters"]},
+               "required": ["name", "parameters"], "additionalProperties": False}
+    auto = client.chat.completions.create(model="llama", messages=messages, max_tokens=60, tools=[WEATHER, TIME],
+                                          extra_body={"structured_outputs": {"json": as_call}})
+    assert auto.choices[0].message.tool_calls[0].function.name == "get_time"
+    text = client.chat.completions.create(model="llama", messages=messages, max_tokens=20, tools=[WEATHER, TIME],
+                                          extra_body={"structured_outputs": {"choice": ["sunny", "rain"]}})
+    assert text.choices[0].message.tool_calls is None and text.choices[0].message.content in ("sunny", "rain")
+    # streamed: the call comes whole in the last chunk, with its index
+    stream = client.chat.completions.create(model="llama", messages=messages, max_tokens=80, seed=4, stream=True,
+                                            tools=[WEATHER, TIME],
+                                            tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    chunks = [c for c in stream if c.choices]
+    last = chunks[-1].choices[0]
+    assert last.finish_reason == "tool_calls" and last.delta.tool_calls[0].index == 0
+    assert last.delta.tool_calls[0].function.arguments == named_call.function.arguments  # same seed, same call
+    with pytest.raises(openai.BadRequestError, match="not among the tools"):
+        client.chat.completions.create(model="llama", messages=messages, max_tokens=4, tools=[WEATHER],
+                                       tool_choice={"type": "function", "function": {"name": "nope"}})
