@@ -39,11 +39,13 @@ from aviatorc.errors import OptionError
 if TYPE_CHECKING:
     from aviatorc.plan.plan import Plan
     from aviatorc.runtime import Session
-    from aviatorc.serve.engine import Engine
+    from aviatorc.serve.engine import Engine, GenerationRequest
     from aviatorc.serve.metrics import Metrics
     from aviatorc.serve.structured import Constraint
 
 METHODS = ("draft", "ngram")
+TRIAL_DRAFTS = 8  # drafts a request proposes before its own acceptance rate sets its draft length
+MIN_ACCEPTANCE = 0.15  # below this, a request stops speculating: its verify steps would cost more than they give
 Job = tuple[list[int], int]  # (the sequence so far: prompt and generated tokens, drafts wanted)
 
 
@@ -167,6 +169,17 @@ class Speculator:
     def free(self, slot: int) -> None:
         self.drafter.free(slot)
 
+    def draft_length(self, request: GenerationRequest) -> int:
+        """Drafts to propose for `request` this turn, from its own running acceptance rate a: k
+        until it has proposed TRIAL_DRAFTS; then one more than the run of acceptances expected
+        per turn, a / (1 - a), up to k; 0 (plain decoding) below MIN_ACCEPTANCE."""
+        if request.drafted < TRIAL_DRAFTS:
+            return self.k
+        a = request.accepted_drafts / request.drafted
+        if a < MIN_ACCEPTANCE:
+            return 0
+        return self.k if a >= 1 else max(1, min(self.k, round(a / (1 - a)) + 1))
+
     async def step(self, engine: Engine, batch: Sequence[int]) -> None:
         """One turn for `batch` (the running slots): speculate for the greedy ones, decode the rest."""
         jobs: dict[int, Job] = {}
@@ -175,7 +188,8 @@ class Speculator:
         for slot in batch:
             request = engine.running[slot]
             length = len(request.prompt) + len(request.generated)  # the last token is not in the cache yet
-            k = min(self.k, request.max_tokens - len(request.generated) - 1, self.target.context - length - 1)
+            k = min(self.draft_length(request), request.max_tokens - len(request.generated) - 1,
+                    self.target.context - length - 1)
             if request.temperature == 0 and k >= 1:
                 jobs[slot] = (request.prompt + request.generated, k)
                 if request.constraint is not None:
@@ -190,6 +204,8 @@ class Speculator:
                 continue
             self.proposed += proposed
             self.accepted += accepted
+            request.drafted += proposed
+            request.accepted_drafts += accepted
             if self.metrics is not None:
                 self.metrics.speculated(proposed, accepted)
             engine._accept(request, tokens, rows)

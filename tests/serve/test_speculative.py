@@ -19,7 +19,15 @@ import pytest
 import aviatorc
 from aviatorc.runtime import Session
 from aviatorc.serve.engine import Engine, GenerationRequest
-from aviatorc.serve.speculative import DraftModel, NgramDrafts, Speculator, lookup, predicted_speedup
+from aviatorc.serve.speculative import (
+    MIN_ACCEPTANCE,
+    TRIAL_DRAFTS,
+    DraftModel,
+    NgramDrafts,
+    Speculator,
+    lookup,
+    predicted_speedup,
+)
 from tests.serve.test_engine import alone, prompts, serve
 
 
@@ -117,3 +125,21 @@ def test_ngram_speculation_is_predicted_without_a_draft_step(artifacts):
     plan = aviatorc.load(artifacts["llama"]).plan
     assert predicted_speedup(1.0, 4, plan) > predicted_speedup(1.0, 4, plan, aviatorc.load(artifacts["draft"]).plan)
     assert predicted_speedup(0.0, 4, plan) < 1.0  # verifying only rejected drafts still costs
+
+
+def test_each_request_sets_its_draft_length_from_its_own_acceptance(target, artifacts):
+    new, k = 30, 4
+    agreeing = [GenerationRequest(prompt=p, max_tokens=new) for p in prompts(2, seed=5)]
+    speculate(target, Session(artifacts["llama"]), k, agreeing)  # always right: k drafts every turn
+    for request in agreeing:
+        assert request.accepted_drafts == request.drafted >= new - k - 1 - k  # every turn but the last few speculated
+    unrelated = [GenerationRequest(prompt=p, max_tokens=new) for p in prompts(6, seed=5)]
+    speculate(target, Session(artifacts["draft"]), k, unrelated)
+    for request in unrelated:
+        assert request.generated == alone(target, request.prompt, new)
+        rate = request.accepted_drafts / request.drafted
+        if rate < MIN_ACCEPTANCE:  # switched off once its trial drafts were judged: no more proposals after
+            assert request.drafted < TRIAL_DRAFTS + k
+        else:  # kept on, with drafts no longer than its acceptance earns
+            assert request.drafted >= TRIAL_DRAFTS
+    assert any(r.accepted_drafts / r.drafted < MIN_ACCEPTANCE for r in unrelated)  # the rule was exercised
