@@ -285,7 +285,12 @@ class Engine:
             await self.speculator.step(self, batch)
             return
         tokens = [self.running[slot].generated[-1] for slot in batch]
-        logits = await asyncio.to_thread(self.session.decode, batch, tokens)
+        step = asyncio.to_thread(self.session.decode, batch, tokens)
+        constraints = [r.constraint for slot in batch if (r := self.running[slot]).constraint is not None]
+        if constraints:  # their next masks while the step computes: off its critical path
+            logits, _ = await asyncio.gather(step, asyncio.to_thread(lambda: [c.allowed() for c in constraints]))
+        else:
+            logits = await step
         self.observer.decode_step(len(batch), self.slots)
         for slot, row in zip(batch, logits):
             self._take(self.running[slot], row)

@@ -78,11 +78,15 @@ class Constraint:
 
     def __init__(self, matcher: Any, vocab: int) -> None:
         self.matcher, self.vocab = matcher, vocab
+        self._allowed: np.ndarray | None = None  # the mask of the current state, once computed
 
     def allowed(self) -> np.ndarray:
-        """A boolean mask over the vocabulary of the tokens the grammar allows next."""
-        bits = np.frombuffer(self.matcher.compute_bitmask(), np.uint8)
-        return np.unpackbits(bits, bitorder="little")[:self.vocab].astype(bool)
+        """A boolean mask over the vocabulary of the tokens the grammar allows next (kept until
+        the next token is accepted: the engine computes it while a decode step runs)."""
+        if self._allowed is None:
+            bits = np.frombuffer(self.matcher.compute_bitmask(), np.uint8)
+            self._allowed = np.unpackbits(bits, bitorder="little")[:self.vocab].astype(bool)
+        return self._allowed
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
         """The logits with every token the grammar does not allow at -inf."""
@@ -93,6 +97,7 @@ class Constraint:
         return np.where(allowed, np.asarray(logits, dtype=np.float64), -np.inf)
 
     def accept(self, token: int) -> None:
+        self._allowed = None
         if not self.matcher.consume_token(int(token)):
             raise OptionError(f"token {token} breaks the requested structure: {self.matcher.get_error()}")
 
@@ -111,10 +116,14 @@ class Constraint:
         for i, row in enumerate(rows):
             choice = int(np.argmax(self.mask(row)))
             choices.append(choice)
-            if i == len(proposal) or proposal[i] != choice or not self.matcher.consume_token(choice):
+            if i == len(proposal) or proposal[i] != choice:
+                break
+            self._allowed = None
+            if not self.matcher.consume_token(choice):
                 break
             consumed += 1
             if self.done:
                 break
         self.matcher.rollback(consumed)
+        self._allowed = None
         return choices
