@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from aviatorc import __version__
-from aviatorc.errors import AviatorError, VerificationError
+from aviatorc.errors import AviatorError, OptionError, VerificationError
 from aviatorc.options import (
     ACTIVATION_METHODS,
     CALIBRATION_METHODS,
@@ -286,6 +286,10 @@ def _parser() -> argparse.ArgumentParser:
                    "greedy requests: draft (a small model, --draft) or ngram (prompt lookup, no draft model); default: "
                    "draft when --draft is given")
     p.add_argument("--num-speculative-tokens", type=int, default=4, metavar="K", help="draft tokens per step")
+    p.add_argument("--enable-prefix-caching", action="store_true", help="reuse the KV cache of prompt blocks "
+                   "(16 tokens each) that earlier requests computed: a shared system prompt is prefilled once")
+    p.add_argument("--prefix-cache-tokens", type=int, default=None, metavar="N", help="tokens the prefix cache keeps "
+                   "(least recently used dropped first; default: the plan's KV slots x its context)")
     p.add_argument("--shutdown-timeout", type=float, default=LIMITS.shutdown_timeout_s, metavar="S",
                    help="on SIGTERM, how long the requests in progress may run on before they end with an error "
                    "(new ones get 503 meanwhile)")
@@ -705,9 +709,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     specs = [ModelSpec(a, name=n, tokenizer=t) for a, n, t in zip(args.artifacts, names, tokenizers)]
     options = EngineOptions(max_num_seqs=args.max_num_seqs, policy=args.scheduling_policy, max_queue=args.max_queue,
                             request_timeout_s=args.request_timeout, draft=args.draft,
-                            speculative_method=args.speculative_method, num_speculative_tokens=args.num_speculative_tokens)
+                            speculative_method=args.speculative_method, num_speculative_tokens=args.num_speculative_tokens,
+                            prefix_cache_tokens=_prefix_cache_tokens(args))
     serve(specs, options, host=args.host, port=args.port, log_level=args.log_level, limits=limits)
     return 0
+
+
+def _prefix_cache_tokens(args: argparse.Namespace) -> int | None:
+    """0: no prefix cache; None: the default size (the plan's slots x context); N: N tokens."""
+    if args.prefix_cache_tokens is not None and not args.enable_prefix_caching:
+        raise OptionError("--prefix-cache-tokens needs --enable-prefix-caching")
+    if args.prefix_cache_tokens is not None and args.prefix_cache_tokens < 16:
+        raise OptionError(f"--prefix-cache-tokens must hold at least one 16-token block, not {args.prefix_cache_tokens}")
+    return args.prefix_cache_tokens if args.enable_prefix_caching else 0
 
 
 def cmd_passes(args: argparse.Namespace) -> int:

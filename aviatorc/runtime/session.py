@@ -236,6 +236,32 @@ class Session:
         """Release slot `slot` and its cache (a no-op for a free slot)."""
         self._slots.pop(slot, None)
 
+    def prefix(self, slot: int, start: int, stop: int) -> dict[str, np.ndarray]:
+        """Copies of positions [start, stop) of sequence `slot`'s cache, by cache input (prefix
+        caching keeps them to start another sequence with `resume`)."""
+        sequence = self._slots.get(slot)
+        if sequence is None:
+            raise OptionError(f"slot {slot} holds no sequence", hint="prefill it first")
+        if not 0 <= start < stop <= sequence.length:
+            raise OptionError(f"positions {start}..{stop} are outside slot {slot}'s {sequence.length} tokens")
+        return {pair.past: np.take(sequence.cache[pair.past], range(start, stop), axis=pair.axis).copy()
+                for pair in self._require_cache().pairs}
+
+    def resume(self, slot: int, cache: Mapping[str, np.ndarray], length: int, ids: Any) -> np.ndarray:
+        """Start sequence `slot` from a cached prefix of `length` tokens (as `prefix` gave it,
+        concatenated), then run the rest of its prompt `ids` after it: the logits after its last
+        token, as `prefill` of the whole prompt gives them (up to float rounding)."""
+        if not 0 <= slot < self.num_slots or slot in self._slots:
+            raise OptionError(f"slot {slot} is out of range or in use")
+        layout = self._require_cache()
+        if {p.past for p in layout.pairs} != set(cache) or any(
+                cache[p.past].shape[p.axis] != length for p in layout.pairs):
+            raise OptionError(f"a cached prefix must hold {length} positions of every cache input")
+        sequence = _Sequence({name: np.array(array) for name, array in cache.items()}, length)
+        logits = self._step(sequence, self._prompt(ids), "prefill")
+        self._slots[slot] = sequence
+        return logits
+
     def slot_length(self, slot: int) -> int:
         """Tokens held in `slot`'s cache (0 when free)."""
         sequence = self._slots.get(slot)

@@ -41,6 +41,7 @@ import numpy as np
 from aviatorc.backends.contract import Precedence
 from aviatorc.errors import AviatorError, OptionError
 from aviatorc.runtime.sampling import MAX_TOP_LOGPROBS, Logprobs, check_sampling, logprobs, sample
+from aviatorc.serve.prefix import PrefixCache
 from aviatorc.serve.structured import Constraint
 
 POLICIES = ("fcfs", "priority")
@@ -148,6 +149,7 @@ class StepSession(Protocol):
     def prefill(self, slot: int, ids: Any) -> np.ndarray: ...
     def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> np.ndarray: ...
     def free(self, slot: int) -> None: ...
+    def resume(self, slot: int, cache: Any, length: int, ids: Any) -> np.ndarray: ...
 
 
 class Observer(Protocol):
@@ -159,6 +161,7 @@ class Observer(Protocol):
     def decode_step(self, batch: int, slots: int) -> None: ...
     def finished(self, request: GenerationRequest) -> None: ...
     def speculated(self, proposed: int, accepted: int) -> None: ...
+    def prefix_cache(self, queried: int, hit: int) -> None: ...
 
 
 class _NoObserver:
@@ -174,7 +177,7 @@ class Engine:
 
     def __init__(self, session: StepSession, *, max_num_seqs: int | None = None, policy: str = "fcfs",
                  max_queue: int = 256, request_timeout_s: float | None = None, observer: Observer | None = None,
-                 speculator: Any = None) -> None:
+                 speculator: Any = None, prefix_cache: PrefixCache | None = None) -> None:
         if policy not in POLICIES:
             raise OptionError(f"unknown scheduling policy '{policy}'", hint=f"choose one of {', '.join(POLICIES)}")
         if max_num_seqs is not None and max_num_seqs < 1:
@@ -189,6 +192,7 @@ class Engine:
         self.request_timeout_s = request_timeout_s
         self.observer: Observer = observer or _NoObserver()  # type: ignore[assignment]
         self.speculator = speculator
+        self.prefix_cache = prefix_cache
         self.waiting: list[GenerationRequest] = []
         self.running: dict[int, GenerationRequest] = {}  # slot -> request
         self._arrivals = itertools.count()
@@ -318,7 +322,13 @@ class Engine:
             if first:
                 for session in sessions:
                     held.enter_context(session.precedence.first())
-            logits = self.session.prefill(slot, ids)
+            cache = self.prefix_cache
+            reused, arrays = cache.lookup(ids.tolist()) if cache is not None else (0, {})
+            logits = (self.session.resume(slot, arrays, reused, ids[reused:]) if reused
+                      else self.session.prefill(slot, ids))
+            if cache is not None:
+                cache.insert(slot, ids.tolist())
+                self.observer.prefix_cache(len(ids), reused)
             if self.speculator is not None:
                 self.speculator.prefill(slot, ids)
         return logits

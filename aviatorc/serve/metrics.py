@@ -13,6 +13,7 @@ Names follow vLLM's where one exists, under `aviatorc_`; every series carries th
     aviatorc_decode_batch_size                histogram  sequences per decode step
     aviatorc_requests_total{outcome}          counter    stop, length, timeout, cancelled, error, shutdown, rejected
     aviatorc_spec_decode_draft_tokens_total / _accepted_tokens_total, _acceptance_rate
+    aviatorc_prefix_cache_queries_total / _hits_total  counter  prompt tokens looked up / found cached
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ class Registry:
                                 registry=r)
         self.acceptance = Gauge("aviatorc_spec_decode_acceptance_rate", "Accepted / proposed draft tokens", m,
                                 registry=r)
+        self.prefix_queries = Counter("aviatorc_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                                      m, registry=r)
+        self.prefix_hits = Counter("aviatorc_prefix_cache_hits", "Prompt tokens found in the prefix cache", m,
+                                   registry=r)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -103,6 +108,10 @@ class Metrics:
         self.f.e2e.labels(self.model).observe(now - request.submitted)
         if request.first_token is not None and len(request.generated) > 1:
             self.f.tpot.labels(self.model).observe((now - request.first_token) / (len(request.generated) - 1))
+
+    def prefix_cache(self, queried: int, hit: int) -> None:
+        self.f.prefix_queries.labels(self.model).inc(queried)
+        self.f.prefix_hits.labels(self.model).inc(hit)
 
     def speculated(self, proposed: int, accepted: int) -> None:
         self._drafted += proposed

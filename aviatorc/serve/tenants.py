@@ -38,6 +38,7 @@ class EngineOptions:
     draft: str | None = None  # a draft artifact for speculative decoding (the first model only)
     speculative_method: str | None = None  # "draft" (needs `draft`) or "ngram"; None: "draft" if a draft is given
     num_speculative_tokens: int = 4
+    prefix_cache_tokens: int | None = 0  # prefix caching: 0 off; N tokens kept; None the plan's slots x context
 
     @property
     def method(self) -> str | None:
@@ -64,6 +65,7 @@ class ServedModel:
 def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Registry) -> dict[str, ServedModel]:
     """Open every artifact (each must be able to generate), check that the tenants are isolated."""
     from aviatorc.runtime.text import load_tokenizer, source_tokenizer
+    from aviatorc.serve.prefix import PrefixCache
     from aviatorc.serve.speculative import DraftModel, NgramDrafts, Speculator
 
     if not specs:
@@ -103,9 +105,11 @@ def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Regist
             speculator = Speculator(session, DraftModel(draft, session), options.num_speculative_tokens, metrics)
             drafts_chiplets = frozenset(draft.artifact.plan.chiplets)
         try:
+            prefix_cache = None if options.prefix_cache_tokens == 0 else PrefixCache(
+                session, capacity_tokens=options.prefix_cache_tokens or session.num_slots * session.context)
             engine = Engine(session, max_num_seqs=options.max_num_seqs, policy=options.policy,
                             max_queue=options.max_queue, request_timeout_s=options.request_timeout_s,
-                            observer=metrics, speculator=speculator)
+                            observer=metrics, speculator=speculator, prefix_cache=prefix_cache)
         except AviatorError as error:
             raise error.with_file(spec.artifact) from None
         # Given, else the artifact's source's own (a GGUF file carries its tokenizer and chat template).
