@@ -19,7 +19,8 @@ Fused weights: a MatMul output (after an optional bias Add and column-keeping Re
 only by one `Split` on the
 last axis (fuse-qkv, GPT-2's c_attn), or only by `Slice`s of the last axis that cover it
 (Phi-3's qkv_proj), gives `splits`: (role, n_start, n_stop) per part, roles "q", "k", "v"
-for a three-part attention projection, "gate", "up" for a two-part MLP one, else "part<i>".
+for a three-part attention projection, "gate", "up" for a two-part MLP one, else "" (a part
+without a name of its own, such as MLA's latent / rotary-key split, has its weight's role).
 
 Roles come from whole dotted name components (`qkv_proj` is not `v_proj`). The layer index
 comes from the parameter name (`layers.N.`, `h.N.`, `layer.N.`, `blocks.N.`). Where names do
@@ -184,7 +185,7 @@ def _splits(matmul: Node, n: int, role: str) -> tuple[Part, ...]:
     if names is not None and role != "gate_up_proj" and len(ranges) != 3:
         names = None
     if names is None:
-        names = tuple(f"part{i}" for i in range(len(ranges)))
+        names = ("",) * len(ranges)
     return tuple((name, a, b) for name, (a, b) in zip(names, ranges, strict=True))
 
 

@@ -160,8 +160,7 @@ def _attention_widths(tiles: Sequence[Tile]) -> tuple[dict[int, int], dict[int, 
     for tile in tiles:
         parts = tile.parts or ((tile.role, tile.n_start, tile.n_stop),)
         for part_role, start, stop in parts:
-            # a split the partitioner could not name ("part0": MLA's latent / rotary key split) is its weight's
-            role = tile.role if part_role.startswith("part") else part_role
+            role = part_role or tile.role  # a part without a name of its own has its weight's role
             key = (tile.weight + ":" + role, start, stop)
             if role in _Q_ROLES:
                 q.setdefault(tile.layer, set()).add(key)
