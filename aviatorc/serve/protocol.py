@@ -151,7 +151,7 @@ class SamplingFields(BaseModel):
     def check_supported(self) -> None:
         if self.n != 1:
             raise OptionError(f"n={self.n} is not supported: one choice per prompt", hint="send n=1")
-        for name in ("best_of", "suffix", "functions", "function_call", "logit_bias"):
+        for name in ("best_of", "suffix", "functions", "function_call", "logit_bias", "tools", "tool_choice"):  # chat declares tools
             value = (self.model_extra or {}).get(name)
             if value not in (None, False, 0, {}, []):
                 raise OptionError(f"'{name}' is not supported by this server")

@@ -58,7 +58,7 @@ class Drafter(Protocol):
     def free(self, slot: int) -> None: ...
     def follow(self, slots: list[int], tokens: list[int]) -> None: ...
     def propose(self, jobs: dict[int, Job]) -> dict[int, list[int]]: ...
-    def settle(self, verified: dict[int, tuple[int, int, list[int]]]) -> None: ...
+    def settle(self, kept: dict[int, int]) -> None: ...
 
 
 class DraftModel:
@@ -79,6 +79,7 @@ class DraftModel:
                               hint="a draft must share the target's tokenizer")
         self.draft = draft
         self.sessions = [draft]
+        self._proposed: dict[int, tuple[int, list[int]]] = {}  # slot -> (its cache length before, drafts)
 
     def prefill(self, slot: int, ids: np.ndarray) -> None:
         self.draft.prefill(slot, ids)
@@ -91,6 +92,7 @@ class DraftModel:
 
     def propose(self, jobs: dict[int, Job]) -> dict[int, list[int]]:
         drafts: dict[int, list[int]] = {slot: [] for slot in jobs}
+        self._proposed = {slot: (self.draft.slot_length(slot), drafts[slot]) for slot in jobs}
         feed = {slot: history[-1] for slot, (history, _) in jobs.items()}
         for depth in range(max(k for _, k in jobs.values())):
             active = sorted(slot for slot, (_, k) in jobs.items() if k > depth)
@@ -98,19 +100,22 @@ class DraftModel:
             for slot, row in zip(active, rows):
                 feed[slot] = int(np.argmax(row))
                 drafts[slot].append(feed[slot])
-        return drafts
+        return {slot: list(d) for slot, d in drafts.items()}
 
-    def settle(self, verified: dict[int, tuple[int, int, list[int]]]) -> None:
-        """(the target's length before the step, drafts accepted, drafts) per slot: the draft's
-        cache keeps [last, d1 .. d_accepted] like the target's."""
-        catch_up: list[int] = []
-        for slot, (before, accepted, drafts) in verified.items():
-            if accepted < len(drafts):
-                self.draft.truncate(slot, before + 1 + accepted)
+    def settle(self, kept: dict[int, int]) -> None:
+        """Per slot that proposed: how many of [last, d1 .. dk] the target kept (0: none; the slot
+        then decodes plainly). The draft ran [last, d1 .. d(k-1)]: its cache is cut to the same
+        tokens, or fed dk when the target kept all of them."""
+        catch_up: dict[int, int] = {}
+        for slot, n in kept.items():
+            before, drafts = self._proposed.pop(slot)  # before >= 1: the slot holds its prompt
+            if n <= len(drafts):
+                self.draft.truncate(slot, before + n)
             else:
-                catch_up.append(slot)  # the draft never ran its last draft: feed it now
+                catch_up[slot] = drafts[-1]
         if catch_up:
-            self.draft.decode(catch_up, [verified[slot][2][-1] for slot in catch_up])
+            slots = sorted(catch_up)
+            self.draft.decode(slots, [catch_up[slot] for slot in slots])
 
 
 class NgramDrafts:
@@ -136,7 +141,7 @@ class NgramDrafts:
     def propose(self, jobs: dict[int, Job]) -> dict[int, list[int]]:
         return {slot: lookup(history, k, self.max_n, self.min_n) for slot, (history, k) in jobs.items()}
 
-    def settle(self, verified: dict[int, tuple[int, int, list[int]]]) -> None:
+    def settle(self, kept: dict[int, int]) -> None:
         pass
 
 
@@ -221,7 +226,9 @@ class Speculator:
         drafts = self.drafter.propose(jobs) if jobs else {}
         for slot, grammar in constraints.items():
             drafts[slot] = drafts[slot][:grammar.matcher.validate_tokens(drafts[slot])]
-        plain = plain | {slot: history[-1] for slot, (history, _) in jobs.items() if not drafts[slot]}
+        undrafted = {slot: history[-1] for slot, (history, _) in jobs.items() if not drafts[slot]}
+        self.drafter.settle(dict.fromkeys(undrafted, 0))  # nothing to verify: they decode plainly below
+        plain = plain | undrafted
         out: dict[int, tuple[list[int], np.ndarray, int, int]] = {}
         if plain:
             slots = sorted(plain)
@@ -229,7 +236,7 @@ class Speculator:
             self.drafter.follow(slots, tokens)
             for slot, row in zip(slots, self.target.decode(slots, tokens)):
                 out[slot] = ([], row[None], 0, 0)
-        verified: dict[int, tuple[int, int, list[int]]] = {}
+        kept: dict[int, int] = {}
         for slot, (history, _) in jobs.items():
             proposal = drafts[slot]
             if not proposal:
@@ -245,8 +252,8 @@ class Speculator:
             tokens = [*proposal[:accepted], *choices[accepted:accepted + 1]]
             out[slot] = (tokens, rows[:len(tokens)], len(proposal), accepted)
             self.target.truncate(slot, before + 1 + accepted)  # [last, d1 .. d_accepted]; next feeds choices[accepted]
-            verified[slot] = (before, accepted, proposal)
-        self.drafter.settle(verified)
+            kept[slot] = 1 + accepted
+        self.drafter.settle(kept)
         return out
 
 

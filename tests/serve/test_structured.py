@@ -21,7 +21,7 @@ import pytest
 from aviatorc.runtime import Session
 from aviatorc.runtime.text import load_tokenizer
 from aviatorc.serve.engine import Engine, GenerationRequest
-from aviatorc.serve.speculative import NgramDrafts, Speculator
+from aviatorc.serve.speculative import DraftModel, NgramDrafts, Speculator
 from aviatorc.serve.structured import Grammars
 from tests.serve.servers import EOS, start_server
 from tests.serve.test_engine import serve
@@ -115,6 +115,18 @@ def test_constrained_greedy_decoding_with_ngram_speculation_equals_it_without(ta
     assert all(r.finished.reason == "stop" for r in drafted)
     assert speculator.proposed > 0  # repeated items: the lookup proposes, the grammar cuts what it refuses
 
+    # The target drafting for itself: every draft the grammar lets through is the target's masked
+    # choice, so all are accepted, provided the draft's cache follows the cuts the grammar makes.
+    def spell(speculator: Speculator | None) -> list[list[int]]:
+        reqs = [GenerationRequest(prompt=p, max_tokens=40, constraint=grammars.constraint("regex", "[ -z]{30}"))
+                for p in ([50, 51], [60, 61, 62], [70])]
+        asyncio.run(serve(Engine(target, speculator=speculator), reqs))
+        return [r.generated for r in reqs]
+
+    itself = Speculator(target, DraftModel(Session(target.artifact.path), target), 4)
+    assert spell(itself) == spell(None)
+    assert 0 < itself.accepted == itself.proposed
+
 
 @pytest.fixture(scope="module")
 def server(artifacts, char_tokenizer_dir, tmp_path_factory):
@@ -151,6 +163,8 @@ def test_a_structure_that_cannot_be_enforced_is_a_400(server):
     with pytest.raises(openai.BadRequestError, match="json_schema"):
         client.chat.completions.create(model="llama", messages=messages, max_tokens=4,
                                        response_format={"type": "json_schema"})
+    with pytest.raises(openai.BadRequestError, match="'tools' is not supported"):  # completions have no tools
+        client.completions.create(model="llama", prompt="x", max_tokens=4, extra_body={"tools": [WEATHER]})
 
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "the weather in a city", "parameters": {
