@@ -267,6 +267,20 @@ class Session:
         sequence = self._slots.get(slot)
         return sequence.length if sequence else 0
 
+    def extend_many(self, slots: Sequence[int], ids: Sequence[Sequence[int]]) -> np.ndarray:
+        """`extend` of several sequences by as many tokens each, as one step where the graph takes
+        a batch (speculative decoding verifies every sequence's drafts so): [len(slots), n, vocab]."""
+        if len(slots) != len(ids) or len({len(row) for row in ids}) > 1 or not ids or not ids[0]:
+            raise OptionError("extend_many needs one equally long, non-empty list of ids per slot")
+        for slot in slots:
+            if slot not in self._slots:
+                raise OptionError(f"slot {slot} holds no sequence", hint="prefill it first")
+        sequences = [self._slots[slot] for slot in slots]
+        if len(sequences) > 1 and self._batches(sequences) and not self._require_cache().per_token:
+            return self._batched_step(sequences, np.asarray(ids, dtype=np.int64), "prefill").reshape(
+                len(slots), len(ids[0]), -1)
+        return np.stack([self.extend(slot, row) for slot, row in zip(slots, ids)])
+
     def extend(self, slot: int, ids: Any) -> np.ndarray:
         """Append several tokens `ids` to sequence `slot` in one step; the logits after each of them
         [len(ids), vocab] (speculative decoding verifies a draft's tokens this way)."""
@@ -390,38 +404,40 @@ class Session:
         padding = layout.attention_mask is not None and layout.position_ids is not None
         return layout.runs_batch(len(sequences)) and (same_length or padding)
 
-    def _batched_step(self, sequences: Sequence[_Sequence], ids: np.ndarray) -> np.ndarray:
-        """Run one new token per sequence (`ids` [batch, 1]) as one decode step; grow each cache;
-        the logits [batch, vocab].
+    def _batched_step(self, sequences: Sequence[_Sequence], ids: np.ndarray, phase: str = "decode") -> np.ndarray:
+        """Run n new tokens per sequence (`ids` [batch, n]) as one step; grow each cache; the
+        logits [batch, vocab] after the last of them (n = 1), or [batch, n, vocab] after each.
 
         Each past is padded at its end to the longest (zeros, attention_mask 0 there), so the new
-        token sits at index `longest` for all of them while its position id is the sequence's own
-        length; each sequence's present is its real positions plus the new one."""
+        tokens sit at indices `longest` .. `longest + n - 1` for all of them while their position
+        ids follow the sequence's own length; each sequence's present is its real positions plus
+        the new ones."""
         layout = self._require_cache()
+        new = ids.shape[1]
         for sequence in sequences:
-            self._room(sequence, 1)
+            self._room(sequence, new)
         lengths = [s.length for s in sequences]
         longest = max(lengths)
         feeds: dict[str, np.ndarray] = {layout.ids: ids}
         for pair in layout.pairs:
             feeds[pair.past] = _pad_stack([s.cache[pair.past] for s in sequences], pair.axis, longest)
         if layout.attention_mask:
-            mask = np.zeros((len(sequences), longest + 1), dtype=np.int64)
+            mask = np.zeros((len(sequences), longest + new), dtype=np.int64)
             for row, length in enumerate(lengths):
                 mask[row, :length] = 1
-            mask[:, longest] = 1
+            mask[:, longest:] = 1
             feeds[layout.attention_mask] = mask
         if layout.position_ids:
-            feeds[layout.position_ids] = np.array(lengths, dtype=np.int64)[:, None]
-        outputs = self._execute(self._check_feeds(feeds), "decode")
+            feeds[layout.position_ids] = np.array(lengths, dtype=np.int64)[:, None] + np.arange(new)[None, :]
+        outputs = self._execute(self._check_feeds(feeds), phase)
         for row, (sequence, length) in enumerate(zip(sequences, lengths)):
             for pair in layout.pairs:
-                present = np.take(outputs[pair.present][row:row + 1], [*range(length), longest], axis=pair.axis)
-                sequence.cache[pair.past] = present
-            sequence.length = length + 1
+                kept = [*range(length), *range(longest, longest + new)]
+                sequence.cache[pair.past] = np.take(outputs[pair.present][row:row + 1], kept, axis=pair.axis)
+            sequence.length = length + new
         if self.stats is not None:
             self.stats.extra["batch"] = len(sequences)
-        return outputs[layout.logits][:, -1]
+        return outputs[layout.logits][:, -1] if new == 1 else outputs[layout.logits]
 
     def trace(self, path: str | os.PathLike[str] | None = None, *, phase: str | None = None) -> dict[str, Any]:
         """The simulated timeline of `phase` (default: the last run's) as Chrome trace / Perfetto

@@ -9,9 +9,9 @@ Each engine step, for every running sequence sampled greedily (temperature 0):
    greedily (batched across the sequences); n-gram lookup copies what followed the latest
    earlier occurrence of the sequence's last n tokens in its prompt and output (n from 4 down
    to 1), which proposes nothing when there is none;
-2. the target runs [last, d1 .. dk] in one step per sequence (`Session.extend`; on the plan's
-   hardware all sequences' verification is one step, which is what `predicted_speedup` models)
-   and takes its own greedy token at every position: t0 .. tk;
+2. the target runs [last, d1 .. dk] of every sequence in one step (`Session.extend_many`; one
+   per draft length where the lengths differ; what `predicted_speedup` models) and takes its own
+   greedy token at every position: t0 .. tk;
 3. the drafts agree with the target up to the first i with d(i+1) != t(i): the sequence gets
    d1 .. di and then t(i) (the target's token where they differ, or t(k) when all agree);
 4. the target's cache (and a draft model's) is cut back to the tokens accepted (`Session.truncate`).
@@ -237,12 +237,14 @@ class Speculator:
             for slot, row in zip(slots, self.target.decode(slots, tokens)):
                 out[slot] = ([], row[None], 0, 0)
         kept: dict[int, int] = {}
-        for slot, (history, _) in jobs.items():
-            proposal = drafts[slot]
-            if not proposal:
-                continue
-            before = self.target.slot_length(slot)
-            rows = self.target.extend(slot, [history[-1], *proposal])
+        verifying = sorted(slot for slot in jobs if drafts[slot])
+        before = {slot: self.target.slot_length(slot) for slot in verifying}
+        rows_of: dict[int, np.ndarray] = {}
+        for n in sorted({len(drafts[slot]) for slot in verifying}):  # one step per draft length
+            group = [slot for slot in verifying if len(drafts[slot]) == n]
+            rows_of |= zip(group, self.target.extend_many(group, [[jobs[slot][0][-1], *drafts[slot]] for slot in group]))
+        for slot in verifying:
+            proposal, rows = drafts[slot], rows_of[slot]
             choices = (constraints[slot].greedy(rows, proposal) if slot in constraints
                        else [int(np.argmax(row)) for row in rows])
             agree = min(len(proposal), len(choices))
@@ -251,7 +253,7 @@ class Speculator:
             # a grammar that completes inside the drafts ends the output there.
             tokens = [*proposal[:accepted], *choices[accepted:accepted + 1]]
             out[slot] = (tokens, rows[:len(tokens)], len(proposal), accepted)
-            self.target.truncate(slot, before + 1 + accepted)  # [last, d1 .. d_accepted]; next feeds choices[accepted]
+            self.target.truncate(slot, before[slot] + 1 + accepted)  # [last, d1 .. d_accepted]; next feeds choices[accepted]
             kept[slot] = 1 + accepted
         self.drafter.settle(kept)
         return out

@@ -80,6 +80,27 @@ def test_extend_gives_decodes_logits_and_truncate_rolls_back(target):
     target.free(0)
 
 
+def test_extend_many_verifies_sequences_of_different_lengths_in_one_step(target):
+    prompts_ = [[20, 21, 22], [30, 31, 32, 33, 34, 35], [40]]
+    more = [[5, 6, 7], [8, 9, 10], [11, 12, 13]]
+    alone_rows = []
+    for slot, (prompt, extra) in enumerate(zip(prompts_, more)):
+        target.prefill(slot, prompt)
+        alone_rows.append(target.extend(slot, extra))
+        target.free(slot)
+    for slot, prompt in enumerate(prompts_):
+        target.prefill(slot, prompt)
+    together = target.extend_many([0, 1, 2], more)
+    np.testing.assert_allclose(together, np.stack(alone_rows), atol=1e-4)  # fp32: padded batch vs one at a time
+    assert [target.slot_length(s) for s in range(3)] == [6, 9, 4]
+    nxt = target.decode([0, 1, 2], [1, 2, 3])  # and the caches it left behind are each sequence's own
+    for slot, (prompt, extra) in enumerate(zip(prompts_, more)):
+        target.free(slot)
+        target.prefill(slot, prompt + extra)
+        np.testing.assert_allclose(target.decode([slot], [slot + 1])[0], nxt[slot], atol=1e-4)
+        target.free(slot)
+
+
 def test_the_predicted_speedup_follows_acceptance(artifacts):
     plan = aviatorc.load(artifacts["llama"]).plan
     draft = aviatorc.load(artifacts["draft"]).plan
