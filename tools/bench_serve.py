@@ -21,8 +21,17 @@ k = 4): greedy tokens against `generate`, the acceptance rate from /metrics, the
 throughput, and the speedup that `predicted_speedup` gives for the plans' target at that
 acceptance.
 
+With `--ngram`, a plan at context 512 serves two more workloads, each with a server as users
+start it: n-gram (prompt lookup) speculation, k = 4, on 8 prompts whose continuations repeat
+their own text (JSON records, code, a list), against plain serving of the same prompts in the
+same run (greedy tokens must be equal; acceptance from /metrics; the predicted speedup on the
+plan's target, no draft step); and prefix caching: 8 prompts sharing a system prompt of about
+250 tokens, sent one at a time, time to first token with `--enable-prefix-caching` against
+without (the first request fills the cache; hits from /metrics).
+
     python tools/bench_serve.py              # about 5 minutes
     python tools/bench_serve.py --quick      # 8 clients, fewer tokens
+    python tools/bench_serve.py --draft --ngram   # everything (BENCHMARKS.md)
 
 Writes `tools/results/bench_serve.md` and `.json`; `python tools/update_benchmarks.py` puts
 them in BENCHMARKS.md.
@@ -183,6 +192,75 @@ def truncated_draft(source: Path, out: Path, layers: int, slots: int, context: i
     aviatorc.compile(model, quant="int8", batch=slots, context=context, prompt=16, log=lambda text: None).save(out)
 
 
+REPEATING = [
+    'Continue the list: [{"id": 1, "name": "apple", "ok": true}, {"id": 2, "name": "pear", "ok": true}, {"id": 3, '
+    '"name": "plum", "ok": true}, {"id": 4,',
+    "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n",
+    "Monday: buy milk, call mum. Tuesday: buy milk, call mum. Wednesday: buy milk, call mum. Thursday:",
+    '{"user": "ann", "role": "admin"}\n{"user": "bob", "role": "admin"}\n{"user": "cat", "role": "admin"}\n{"user":',
+    "SELECT id, name FROM users WHERE id = 1;\nSELECT id, name FROM users WHERE id = 2;\nSELECT id, name FROM users",
+    "for i in range(3):\n    print(i)\nfor j in range(3):\n    print(j)\nfor k in range(3):\n",
+    "<li>one</li>\n<li>two</li>\n<li>three</li>\n<li>",
+    "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
+]
+SYSTEM = ("You are a careful assistant for a hardware company. Answer briefly, in plain words, and say when you do not "
+          "know. ") * 10
+QUESTIONS = ["What is SRAM?", "What is a chiplet?", "Why is memory bandwidth important?", "What is a KV cache?",
+             "What does a compiler do?", "What is quantization?", "What is latency?", "What is a token?"]
+
+
+def ngram_and_prefix(source: Path, work: Path, new_tokens: int) -> dict[str, Any]:
+    """n-gram speculation against plain serving on REPEATING; prefix caching on SYSTEM + QUESTIONS."""
+    from aviatorc import load as load_artifact
+    from aviatorc.serve.speculative import predicted_speedup
+
+    plan_path = work / "model-512.avc"
+    print("compiling SmolLM2-135M INT8 at context 512 (8 slots) ...", flush=True)
+    compile_plan(source, plan_path, "int8", len(REPEATING), 512)
+    base = (str(plan_path), "--tokenizer", str(source), "--served-model-name", "model")
+    runs: dict[str, Any] = {}
+    for name, extra in (("plain", ()), ("ngram", ("--speculative-method", "ngram", "--num-speculative-tokens", "4"))):
+        server = Server(*base, *extra)
+        try:
+            load(server.url, REPEATING[:2], 2)
+            rows, wall_s = load(server.url, REPEATING, new_tokens)
+            runs[name] = summarize(rows, wall_s, new_tokens) | {"ids": [r.get("ids") for r in rows],
+                                                                 "acceptance": server.metric("aviatorc_spec_decode_acceptance_rate"),
+                                                                 "drafted": server.metric("aviatorc_spec_decode_draft_tokens_total")}
+        finally:
+            server.close()
+    plain, ngram = runs["plain"], runs["ngram"]
+    plan = load_artifact(plan_path).plan
+    speculation = {"acceptance": ngram["acceptance"], "drafted": ngram["drafted"],
+                   "same_tokens_as_plain": sum(a == b for a, b in zip(plain.pop("ids"), ngram.pop("ids"))),
+                   "requests": len(REPEATING), "plain_tokens_per_s": plain["tokens_per_s"],
+                   "ngram_tokens_per_s": ngram["tokens_per_s"], "measured_speedup": ngram["tokens_per_s"] / plain["tokens_per_s"],
+                   "predicted_speedup": predicted_speedup(ngram["acceptance"], 4, plan)}
+    print(f"  n-gram speculation: acceptance {speculation['acceptance']:.3f}, {speculation['measured_speedup']:.2f}x plain "
+          f"here, predicted {speculation['predicted_speedup']:.2f}x on the target; "
+          f"{speculation['same_tokens_as_plain']}/{len(REPEATING)} as plain", flush=True)
+    ttft: dict[str, list[float]] = {}
+    hits = 0.0
+    for name, extra in (("without", ()), ("with", ("--enable-prefix-caching",))):
+        server = Server(*base, *extra)
+        try:
+            first_token_s(server.url, "warm up", 0, 2)
+            ttft[name] = [first_token_s(server.url, f"{SYSTEM}\nQuestion: {q}\nAnswer:", 0, 4) for q in QUESTIONS]
+            if extra:
+                hits = server.metric("aviatorc_prefix_cache_hits_total")
+        finally:
+            server.close()
+    mean = {name: float(np.mean(values[1:])) for name, values in ttft.items()}  # the first fills the cache
+    from aviatorc.runtime.text import load_tokenizer
+
+    prefix = {"requests": len(QUESTIONS), "ttft_mean_without_s": mean["without"], "ttft_mean_with_s": mean["with"],
+              "ratio": mean["without"] / mean["with"], "hit_tokens": hits,
+              "system_tokens": len(load_tokenizer(source).encode(SYSTEM))}
+    print(f"  prefix caching: mean TTFT {mean['without'] * 1e3:.0f} ms without, {mean['with'] * 1e3:.0f} ms with "
+          f"({prefix['ratio']:.2f}x), {hits:.0f} prompt tokens from the cache", flush=True)
+    return {"speculation": speculation, "prefix": prefix}
+
+
 def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
@@ -201,6 +279,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--draft", action="store_true", help="also serve with the INT4 plan as a speculative draft")
+    parser.add_argument("--ngram", action="store_true", help="also n-gram speculation and prefix caching (context 512)")
     args = parser.parse_args()
     clients, new_tokens = (8, 16) if args.quick else (16, 32)
     prompts = PROMPTS[:clients]
@@ -280,10 +359,12 @@ def main() -> None:
               f"({speculative['speedup_vs_served']:.2f}x plain serving here), predicted on the target "
               f"{speculative['predicted_speedup']:.2f}x", flush=True)
 
+    extra = ngram_and_prefix(source, work, new_tokens) if args.ngram else None
     result = {"clients": clients, "new_tokens": new_tokens, "context": context, "compile_s": compile_s,
               "sequential_tokens_per_s": sequential_tps, "served": served, "priorities": prio,
-              "speculative": speculative}
-    command = "python tools/bench_serve.py" + (" --quick" if args.quick else "") + (" --draft" if args.draft else "")
+              "speculative": speculative, "ngram_and_prefix": extra}
+    command = ("python tools/bench_serve.py" + (" --quick" if args.quick else "") + (" --draft" if args.draft else "")
+               + (" --ngram" if args.ngram else ""))
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(render(result, command))
     RESULTS.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
@@ -328,10 +409,24 @@ def render(r: dict[str, Any], command: str) -> str:
                       f"head, INT8) as the draft, k = 4, the same load: acceptance **{p['acceptance']:.3f}**; greedy "
                       f"tokens equal to `generate`: {p['same_tokens_as_generate']} / {p['requests']}; "
                       f"{p['tokens_per_s']:.1f} tokens/s here ({p['speedup_vs_served']:.2f}x plain serving on this CPU, "
-                      f"where verification runs one step per sequence); predicted on the plans' target from that "
+                      f"where each verification step of k+1 tokens costs about k+1 decode steps); predicted on the plans' target from that "
                       f"acceptance: **{p['predicted_speedup']:.2f}x** (`aviatorc.serve.speculative.predicted_speedup`; "
                       f"simulated decode steps: target {p['target_step_s'] * 1e3:.3f} ms, draft "
                       f"{p['draft_step_s'] * 1e3:.3f} ms)."]
+    x = r.get("ngram_and_prefix")
+    if x:
+        g, f = x["speculation"], x["prefix"]
+        lines += ["", f"n-gram speculation (`--speculative-method ngram`, k = 4; no draft model), at context 512, on "
+                      f"{g['requests']} prompts whose continuations repeat their own text (JSON records, code, lists), "
+                      f"all at once: acceptance **{g['acceptance']:.3f}** ({g['drafted']:.0f} tokens drafted); greedy "
+                      f"tokens equal to plain serving: {g['same_tokens_as_plain']} / {g['requests']}; "
+                      f"{g['ngram_tokens_per_s']:.1f} against {g['plain_tokens_per_s']:.1f} tokens/s plain here "
+                      f"(**{g['measured_speedup']:.2f}x**); predicted on the plan's target from that acceptance: "
+                      f"**{g['predicted_speedup']:.2f}x** (no draft step: the lookup is the host's).",
+                  "", f"Prefix caching (`--enable-prefix-caching`): {f['requests']} prompts sharing a "
+                      f"{f['system_tokens']}-token system prompt, sent one at a time; mean time to first token of all but the first (which fills the "
+                      f"cache): {f['ttft_mean_without_s'] * 1e3:.0f} ms without, {f['ttft_mean_with_s'] * 1e3:.0f} ms "
+                      f"with: **{f['ratio']:.2f}x** (goal: 3x); {f['hit_tokens']:.0f} prompt tokens came from the cache."]
     lines += ["", f"Command: `{command}`", ""]
     return "\n".join(lines)
 

@@ -25,7 +25,7 @@ ORDER = [
     ("bench_plan", "python tools/bench_plan.py"),
     ("bench_claims", "python tools/bench_claims.py"),
     ("bench_runtime", "python tools/bench_runtime.py"),
-    ("bench_serve", "python tools/bench_serve.py --draft"),
+    ("bench_serve", "python tools/bench_serve.py --draft --ngram"),
     ("bench_report", "python tools/bench_report.py"),
     ("fuzz", "python tools/fuzz.py --budget 2000"),
     ("fuzz_artifacts", "python tools/fuzz.py --artifacts --budget 1000"),
