@@ -409,7 +409,7 @@ def render(r: dict[str, Any], command: str) -> str:
                       f"head, INT8) as the draft, k = 4, the same load: acceptance **{p['acceptance']:.3f}**; greedy "
                       f"tokens equal to `generate`: {p['same_tokens_as_generate']} / {p['requests']}; "
                       f"{p['tokens_per_s']:.1f} tokens/s here ({p['speedup_vs_served']:.2f}x plain serving on this CPU, "
-                      f"where each verification step of k+1 tokens costs about k+1 decode steps); predicted on the plans' target from that "
+                      f"where a verification step computes k+1 positions per sequence); predicted on the plans' target from that "
                       f"acceptance: **{p['predicted_speedup']:.2f}x** (`aviatorc.serve.speculative.predicted_speedup`; "
                       f"simulated decode steps: target {p['target_step_s'] * 1e3:.3f} ms, draft "
                       f"{p['draft_step_s'] * 1e3:.3f} ms)."]
