@@ -109,7 +109,8 @@ class Server:
         self.process.wait(timeout=30)
 
 
-def load(url: str, prompts: list[str], new_tokens: int) -> tuple[list[dict[str, Any]], float]:
+def load(url: str, prompts: list[str], new_tokens: int, extra: dict[str, Any] | None = None
+         ) -> tuple[list[dict[str, Any]], float]:
     """All clients at once (a barrier), each streaming one completion; per-request timings and the wall time."""
     import openai
 
@@ -124,7 +125,8 @@ def load(url: str, prompts: list[str], new_tokens: int) -> tuple[list[dict[str, 
         try:
             for chunk in api.completions.create(model="model", prompt=prompts[index], max_tokens=new_tokens,
                                                 temperature=0, stream=True,
-                                                extra_body={"return_token_ids": True, "ignore_eos": True}):
+                                                extra_body={"return_token_ids": True, "ignore_eos": True,
+                                                            **(extra or {})}):
                 choice = chunk.choices[0]
                 new = (choice.model_extra or {}).get("token_ids") or []
                 stamps += [time.perf_counter()] * len(new)
@@ -239,6 +241,22 @@ def ngram_and_prefix(source: Path, work: Path, new_tokens: int) -> dict[str, Any
     print(f"  n-gram speculation: acceptance {speculation['acceptance']:.3f}, {speculation['measured_speedup']:.2f}x plain "
           f"here, predicted {speculation['predicted_speedup']:.2f}x on the target; "
           f"{speculation['same_tokens_as_plain']}/{len(REPEATING)} as plain", flush=True)
+    # Structured outputs: the same load with a JSON schema whose string cannot end within the
+    # tokens asked for, so both runs generate as many tokens; time per output token compared.
+    schema = {"type": "object", "properties": {"text": {"type": "string", "minLength": 400}}, "required": ["text"]}
+    server = Server(*base)
+    try:
+        load(server.url, REPEATING[:2], 2)
+        free_rows, _ = load(server.url, REPEATING, new_tokens)
+        json_rows, _ = load(server.url, REPEATING, new_tokens, {"structured_outputs": {"json": schema}})
+    finally:
+        server.close()
+    tpot = {name: percentile([r["tpot_s"] for r in rows if r.get("ok")], 50)
+            for name, rows in (("free", free_rows), ("json", json_rows))}
+    structured = {"requests": len(REPEATING), "completed": sum(bool(r.get("ok")) for r in json_rows),
+                  "tpot_p50_free_s": tpot["free"], "tpot_p50_json_s": tpot["json"], "ratio": tpot["json"] / tpot["free"]}
+    print(f"  structured outputs: TPOT P50 {tpot['free'] * 1e3:.0f} ms free, {tpot['json'] * 1e3:.0f} ms under a JSON "
+          f"schema ({structured['ratio']:.2f}x)", flush=True)
     ttft: dict[str, list[float]] = {}
     hits = 0.0
     for name, extra in (("without", ()), ("with", ("--enable-prefix-caching",))):
@@ -258,7 +276,7 @@ def ngram_and_prefix(source: Path, work: Path, new_tokens: int) -> dict[str, Any
               "system_tokens": len(load_tokenizer(source).encode(SYSTEM))}
     print(f"  prefix caching: mean TTFT {mean['without'] * 1e3:.0f} ms without, {mean['with'] * 1e3:.0f} ms with "
           f"({prefix['ratio']:.2f}x), {hits:.0f} prompt tokens from the cache", flush=True)
-    return {"speculation": speculation, "prefix": prefix}
+    return {"speculation": speculation, "prefix": prefix, "structured": structured}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -427,6 +445,13 @@ def render(r: dict[str, Any], command: str) -> str:
                       f"{f['system_tokens']}-token system prompt, sent one at a time; mean time to first token of all but the first (which fills the "
                       f"cache): {f['ttft_mean_without_s'] * 1e3:.0f} ms without, {f['ttft_mean_with_s'] * 1e3:.0f} ms "
                       f"with: **{f['ratio']:.2f}x** (goal: 3x); {f['hit_tokens']:.0f} prompt tokens came from the cache."]
+        t = x.get("structured")
+        if t:
+            lines += ["", f"Structured outputs (`structured_outputs.json`, llguidance masks): the n-gram prompts again, "
+                          f"plain, then under a JSON schema whose string cannot end within the tokens asked for "
+                          f"({t['completed']} / {t['requests']} ran their full length): time per output token P50 "
+                          f"{t['tpot_p50_free_s'] * 1e3:.0f} ms free, {t['tpot_p50_json_s'] * 1e3:.0f} ms constrained: "
+                          f"**{t['ratio']:.2f}x** (goal: within 1.2x)."]
     lines += ["", f"Command: `{command}`", ""]
     return "\n".join(lines)
 
