@@ -88,7 +88,11 @@ class DraftModel:
         self.draft.free(slot)
 
     def follow(self, slots: list[int], tokens: list[int]) -> None:
-        self.draft.decode(slots, tokens)  # a plain step of the target: keep the draft's cache in step
+        """A plain step of the target: keep the draft's cache in step, for the sequences it still
+        drafts for (one that stopped speculating was freed here)."""
+        held = [(slot, token) for slot, token in zip(slots, tokens) if self.draft.slot_length(slot)]
+        if held:
+            self.draft.decode([slot for slot, _ in held], [token for _, token in held])
 
     def propose(self, jobs: dict[int, Job]) -> dict[int, list[int]]:
         drafts: dict[int, list[int]] = {slot: [] for slot in jobs}
@@ -177,7 +181,8 @@ class Speculator:
     def draft_length(self, request: GenerationRequest) -> int:
         """Drafts to propose for `request` this turn, from its own running acceptance rate a: k
         until it has proposed TRIAL_DRAFTS; then one more than the run of acceptances expected
-        per turn, a / (1 - a), up to k; 0 (plain decoding) below MIN_ACCEPTANCE."""
+        per turn, a / (1 - a), up to k; 0 below MIN_ACCEPTANCE: it decodes plainly from then on,
+        and a draft model no longer runs for it."""
         if request.drafted < TRIAL_DRAFTS:
             return self.k
         a = request.accepted_drafts / request.drafted
@@ -193,8 +198,10 @@ class Speculator:
         for slot in batch:
             request = engine.running[slot]
             length = len(request.prompt) + len(request.generated)  # the last token is not in the cache yet
-            k = min(self.draft_length(request), request.max_tokens - len(request.generated) - 1,
-                    self.target.context - length - 1)
+            wanted = self.draft_length(request)
+            if wanted == 0:  # switched off for good: the draft model stops following it too
+                self.drafter.free(slot)
+            k = min(wanted, request.max_tokens - len(request.generated) - 1, self.target.context - length - 1)
             if request.temperature == 0 and k >= 1:
                 jobs[slot] = (request.prompt + request.generated, k)
                 if request.constraint is not None:

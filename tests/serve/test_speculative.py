@@ -164,3 +164,20 @@ def test_each_request_sets_its_draft_length_from_its_own_acceptance(target, arti
         else:  # kept on, with drafts no longer than its acceptance earns
             assert request.drafted >= TRIAL_DRAFTS
     assert any(r.accepted_drafts / r.drafted < MIN_ACCEPTANCE for r in unrelated)  # the rule was exercised
+
+
+def test_a_request_switched_off_no_longer_runs_the_draft_model(target, artifacts):
+    draft = Session(artifacts["draft"])
+    stepped: list[list[int]] = []
+    original = draft.decode
+
+    def counting(slots, tokens):
+        stepped.append(list(slots))
+        return original(slots, tokens)
+
+    draft.decode = counting  # type: ignore[method-assign]
+    request = GenerationRequest(prompt=[9, 10, 11], max_tokens=12)
+    request.drafted = TRIAL_DRAFTS  # as if every draft of its trial had been refused
+    asyncio.run(serve(Engine(target, speculator=Speculator(target, DraftModel(draft, target), 4)), [request]))
+    assert request.generated == alone(target, [9, 10, 11], 12)
+    assert stepped == [] and draft.slot_length(0) == 0  # prefilled once, then freed: no draft step at all
