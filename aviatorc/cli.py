@@ -153,10 +153,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="rows along the reduction dim sharing a scale (32/64/128); default 32 for int4 / mx, "
                         "per output channel for int8 (give one for group-wise int8; 0: per channel)")
     zero_points = p.add_mutually_exclusive_group()
+    # Neither: int4 is asymmetric with an fp16 offset per group (5 bits a weight at g32), symmetric under 2:4.
     zero_points.add_argument("--asymmetric", action="store_true",
-                             help="int4 with zero points (the default with --calibration)")
-    zero_points.add_argument("--symmetric", action="store_true",
-                             help="int4 without zero points (the default without --calibration)")
+                             help="int4 with 4-bit zero points (4.625 bits a weight at g32; default: an fp16 offset "
+                                  "per group, 5 bits)")
+    zero_points.add_argument("--symmetric", action="store_true", help="int4 without zero points (4.5 bits a weight at g32)")
     p.add_argument("--quant-method", choices=CALIBRATION_METHODS, help="default: gptq for 4-bit with calibration")
     p.add_argument("--sparsity", choices=SPARSITY_CHOICES, help="structured sparsity")
     p.add_argument("--sparsity-method", choices=SPARSITY_METHODS, default=DEFAULTS.sparsity_method,
@@ -349,7 +350,6 @@ def target_overrides(pairs: Sequence[str]) -> dict[str, Any]:
     word as a string."""
     import tomllib
 
-    from aviatorc.errors import OptionError
 
     out: dict[str, Any] = {}
     for pair in pairs:
@@ -433,7 +433,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     # prints the IR to stdout (no `log` callback is given).
     calibration = load_calibration_npz(args.calibration) if args.calibration else None
     evaluation = load_calibration_npz(args.eval, what="evaluation") if args.eval else None
-    # Neither flag: the default (int4 asymmetric with --calibration, symmetric without).
+    # Neither flag: the default (`int4_zero`).
     symmetric = True if args.symmetric else False if args.asymmetric else None
     target: Any = args.target
     if args.overrides:  # the target is built here, so its errors name the --set that caused them
@@ -460,7 +460,6 @@ def cmd_compile(args: argparse.Namespace) -> int:
         try:
             text = Path(args.calibration_text).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as error:
-            from aviatorc.errors import OptionError
 
             raise OptionError(f"cannot read the calibration text: {error}", file=args.calibration_text) from None
     result = compile_model(_model_path(args.model), calibration=calibration, evaluation=evaluation,
@@ -481,7 +480,6 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from aviatorc.errors import OptionError
     from aviatorc.plan.artifact import check_output_path, load, write_file_atomically
     from aviatorc.report import ReportSources, render_html, render_text, report_data
 
@@ -542,7 +540,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from aviatorc.errors import OptionError
     from aviatorc.plan.artifact import write_file_atomically
     from aviatorc.runtime import Session
 
@@ -574,7 +571,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from aviatorc.errors import OptionError
     from aviatorc.runtime import Session
 
     session = Session(args.artifact, device=args.device)
@@ -621,7 +617,6 @@ def timing_line(session: Any, new_tokens: int) -> str:
 def _tokenizer(given: str | None, session: Any, *, needed: bool, why: str, hint: str) -> Any:
     """The tokenizer `--tokenizer` names, else the one of the artifact's source (a GGUF file), else
     None; an OptionError when `needed` and there is none."""
-    from aviatorc.errors import OptionError
     from aviatorc.runtime.text import load_tokenizer, source_tokenizer
 
     path = given or source_tokenizer(session.graph)
@@ -635,7 +630,6 @@ def _tokenizer(given: str | None, session: Any, *, needed: bool, why: str, hint:
 def cmd_chat(args: argparse.Namespace) -> int:
     """Read a message per line (stdin), answer each with the model, keep the conversation. Older turns
     are dropped when the conversation outgrows the plan's context."""
-    from aviatorc.errors import OptionError
     from aviatorc.runtime import Session
 
     session = Session(args.artifact, device=args.device)
@@ -682,7 +676,6 @@ def _chat_stops(session: Any, tokenizer: Any) -> list[int]:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from aviatorc.errors import OptionError
     from aviatorc.extras import require
 
     require("serve", "`aviatorc serve`")
@@ -762,7 +755,6 @@ def sensitivity_text(args: argparse.Namespace) -> str:
     figure of the target. An artifact keeps the table it was compiled with; a model source is
     compiled here, on the target as --cards and --set make it."""
     import aviatorc
-    from aviatorc.errors import OptionError
     from aviatorc.report.sensitivity import render_table, sensitivity_table
     from aviatorc.target import load_target
 
@@ -791,7 +783,6 @@ def sensitivity_text(args: argparse.Namespace) -> str:
 def _model_path(model: str) -> Path:
     path = Path(model)
     if not path.exists():
-        from aviatorc.errors import OptionError
         from aviatorc.frontends import ACCEPTED_SOURCES
 
         raise OptionError(f"model '{model}' does not exist", hint=ACCEPTED_SOURCES)

@@ -42,9 +42,9 @@ class CompileOptions:
     # output channel for int8 (group-wise int8 only when asked for: `group_size=128`); 0 asks for
     # per-channel int8 explicitly. `weight_group_size` is what the weights get.
     group_size: int | None = None
-    # int4 zero points. None: the default, asymmetric with 4-bit zero points when calibration data is
-    # given, asymmetric with an fp16 offset per group without (`int4_zero` in passes/quantize.py, with
-    # the figures behind it: tools/bench_defaults.py and tools/bench_int4_default.py).
+    # int4 zero points. None: the default, asymmetric with an fp16 offset per group (symmetric under
+    # 2:4); False: 4-bit zero points (`int4_zero` in passes/quantize.py, with the figures behind it:
+    # tools/bench_defaults.py and tools/bench_int4_default.py).
     symmetric: bool | None = None
     sparsity: str | None = None
     sparsity_method: str = "magnitude"  # "wanda" / "sparsegpt" need calibration data

@@ -37,23 +37,24 @@ NORMS = ("LayerNormalization", "RMSNormalization")
 
 
 def awq_stage(graph: Graph, stage: list[LinearWeight], stats: dict[str, ActivationStats],
-              fmt: WeightFormat, gptq: Callable[[int, int], GPTQConfig] | None = None) -> dict[int, PackedWeight]:
-    """AWQ for the weights of one stage (all stored in `fmt`, but for each one's own sparsity):
-    {id(weight): its packed arrays}; the graph's MatMuls then read x / s. With `gptq` (the GPTQ
-    setup for a weight's calibration tokens and K), the scaled weights are stored by GPTQ."""
-    groups: dict[tuple[str, str], list[LinearWeight]] = {}
+              format_of: Callable[[LinearWeight], WeightFormat],
+              gptq: Callable[[int, int], GPTQConfig] | None = None) -> dict[int, PackedWeight]:
+    """AWQ for the weights of one stage (each stored in `format_of(weight)`): {id(weight): its packed
+    arrays}; the graph's MatMuls then read x / s. With `gptq` (the GPTQ setup for a weight's
+    calibration tokens and K), the scaled weights are stored by GPTQ."""
+    groups: dict[tuple[str, WeightFormat], list[LinearWeight]] = {}
     for lw in stage:
         names = {mm.input(0).name for mm in lw.matmuls}
         stat = stats.get(next(iter(names))) if len(names) == 1 else None
         if lw.has_data and stat is not None and stat.hessian is not None and stat.tokens:
-            groups.setdefault((names.pop(), lw.fmt.sparsity), []).append(lw)
+            groups.setdefault((names.pop(), format_of(lw)), []).append(lw)
     packed: dict[int, PackedWeight] = {}
-    for (name, sparsity), lws in groups.items():
+    for (name, fmt), lws in groups.items():
         stat = stats[name]
         assert stat.hessian is not None
         dense = [lw.dense() for lw in lws]
         targets = [corrected_target(w, stat.hessian, stat.cross) if stat.cross is not None else w for w in dense]
-        result = awq(dense, stat.hessian, stat.mean_abs, WeightFormat(fmt.kind, fmt.group_size, fmt.symmetric, sparsity),
+        result = awq(dense, stat.hessian, stat.mean_abs, fmt,
                      targets_KN=targets, masks=[lw.mask() for lw in lws],
                      gptq=gptq(stat.tokens, lws[0].k) if gptq is not None else None)
         scale_input(graph, lws[0].matmuls[0].input(0), [mm for lw in lws for mm in lw.matmuls], result)

@@ -360,7 +360,7 @@ def _check_fits(group: Group, ctx: PassContext) -> Note | None:
         return None
     k = weight_kn(group.q.weight)[0]
     n = sum(weight_kn(p.weight)[1] for p in group.projections)
-    fmt = storage_format(group.q.weight.type.dtype, ctx.options, calibrated=bool(ctx.calibration))
+    fmt = storage_format(group.q.weight.type.dtype, ctx.options)
     fused_bytes = fmt.storage_bytes(k, n)
     if fused_bytes <= capacity:
         return None
@@ -391,12 +391,12 @@ def largest_chiplet_sram_bytes(target: Any) -> int | None:
     return int(target.usable_sram_bytes_per_chiplet)
 
 
-def storage_format(dtype: str, options: CompileOptions, *, calibrated: bool = False) -> WeightFormat:
+def storage_format(dtype: str, options: CompileOptions) -> WeightFormat:
     """The format the pipeline will store a weight in: fusion runs before quantize and sparsify."""
     sparsity = options.sparsity or ""
     if options.quant is None:
         return WeightFormat(dense_format(dtype).kind, sparsity=sparsity)
-    return weight_format(options, sparsity, calibrated=calibrated)  # quantize's own choice of format
+    return weight_format(options, sparsity)  # quantize's own choice of format
 
 
 # -- rewrite ----------------------------------------------------------------------------------

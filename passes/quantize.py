@@ -80,7 +80,7 @@ CALIBRATED = ("gptq", "awq", "awq-gptq")  # methods that need the calibration He
 SIXTEEN_BIT = ("fp16", "bf16")  # plain 16-bit storage: what a target without fp32 holds unquantized
 
 
-def weight_format(options: CompileOptions, sparsity: str = "", *, calibrated: bool = False) -> WeightFormat:
+def weight_format(options: CompileOptions, sparsity: str = "") -> WeightFormat:
     """The format `options` ask for: the one place options become a `WeightFormat` (fuse-qkv's size
     estimate asks it too). int8 and mx are symmetric; int8 is per output channel unless a group
     size is given (`CompileOptions.weight_group_size`); int4's zero points: `int4_zero`."""
@@ -90,30 +90,26 @@ def weight_format(options: CompileOptions, sparsity: str = "", *, calibrated: bo
         return WeightFormat(kind, 0, True, sparsity)
     if kind != "int4":
         return WeightFormat(kind, options.weight_group_size, True, sparsity)
-    symmetric, zero = int4_zero(options, calibrated, sparsity)
+    symmetric, zero = int4_zero(options, sparsity)
     return WeightFormat(kind, options.weight_group_size, symmetric, sparsity, zero)
 
 
-def int4_zero(options: CompileOptions, calibrated: bool, sparsity: str = "") -> tuple[bool, str]:
-    """(symmetric, zero kind) of int4 weights: as asked (`symmetric`), else by the data.
+def int4_zero(options: CompileOptions, sparsity: str = "") -> tuple[bool, str]:
+    """(symmetric, zero kind) of int4 weights: as asked (`symmetric`), else asymmetric with an fp16
+    offset per group (llama.cpp's Q4_1 layout, 5 bits a weight at g32), with or without data.
 
-    Without calibration data (and without 2:4): asymmetric with an fp16 offset per group, fit by
-    `aviatorc.quant.rtn.offset_params` (llama.cpp's Q4_1 layout, 5 bits a weight at g32). Measured
-    on SmolLM2-135M from its GGUF against the FP16 plan (tools/bench_int4_default.py, BENCHMARKS.md,
-    "INT4 without calibration data"): plain round-to-nearest lost the greedy answer of every prompt
-    and +40% perplexity; see the page for this default's figures. A 4-bit zero point cannot hold a
-    Q4_1 file's offsets, so any GGUF Q4_1 model re-rounds onto a coarser grid with one.
-
-    With calibration data: asymmetric with 4-bit zero points (GPTQ fits the codes). Held out
-    (tools/bench_defaults.py: all-MiniLM-L6-v2 INT4 g32 GPTQ, 40 sentences calibrating, 616 real
-    tokens, 40 others evaluated) asymmetric reached a mean cosine of 0.99336 against 0.99191
-    symmetric (worst 0.98769 / 0.98759); on 2,865 tokens of bench_quant's text 0.99321 against
-    0.99172. 2:4 sparse without data stays symmetric (a pruned weight must read back 0, which an
-    offset would move). `symmetric=False` (`--asymmetric`) asks for 4-bit zero points whatever the data."""
+    Without calibration data the scale and offset are fit by `aviatorc.quant.rtn.offset_params`;
+    with it, GPTQ fits the codes on that grid. Measured on SmolLM2-135M from its GGUF against the
+    FP16 plan (tools/bench_int4_default.py, BENCHMARKS.md, "INT4 without calibration data"): plain
+    round-to-nearest lost the greedy answer of every prompt and +40% perplexity; GPTQ with 4-bit
+    zero points, calibrated on 364 tokens of other text, +10.9% (a 4-bit zero point cannot hold a
+    Q4_1 file's offsets, so a GGUF Q4_1 model re-rounds onto a coarser grid with one); see the page
+    for the fp16 offsets' figures. Held out on all-MiniLM-L6-v2 (tools/bench_defaults.py) the two
+    zero kinds under GPTQ: see its page. 2:4 sparse stays symmetric (a pruned weight must read back
+    0, which an offset would move). `symmetric=False` (`--asymmetric`) asks for 4-bit zero points
+    (4.625 bits a weight at g32)."""
     if options.symmetric is not None:
         return options.symmetric, "int"
-    if calibrated:
-        return False, "int"
     if sparsity:
         return True, "int"
     return False, "fp16"
@@ -220,7 +216,6 @@ class Quantize(Pass):
         weights, notes = find_linear_weights(graph)
         batches = check_batches(graph, ctx.calibration)
         method = quant_method(opts, bool(batches))
-        calibrated = bool(batches)  # the int4 default (`int4_zero`) depends on it
         routers = set(router_matmuls(graph))
         experts = expert_nodes(graph)
         keep = [lw for lw in weights if opts.quant in SIXTEEN_BIT or opts.keep_fp16 and lw.matches(opts.keep_fp16)
@@ -245,6 +240,12 @@ class Quantize(Pass):
                 bytes_after += fmt.storage_bytes(lw.k, lw.n)
                 counts["weights_kept_fp16"] += 1
 
+        def format_of(lw: LinearWeight) -> WeightFormat:
+            fmt = weight_format(opts, lw.fmt.sparsity)
+            if fmt.float_zero and head_format is not None and is_output_head(graph, lw):
+                return head_format
+            return fmt
+
         def rewrite(stage: list[LinearWeight], stats: dict[str, ActivationStats]) -> None:
             with graph.batched_inserts():  # thousands of weights (a mixture of experts): one pass
                 rewrite_stage(stage, stats)
@@ -252,14 +253,11 @@ class Quantize(Pass):
         def rewrite_stage(stage: list[LinearWeight], stats: dict[str, ActivationStats]) -> None:
             nonlocal bytes_before, bytes_after
             # AWQ: one scale search per activation, the graph's MatMuls then read x / s (`_awq`).
-            scaled = (awq_stage(graph, stage, stats, weight_format(opts, calibrated=calibrated),
-                                gptq=gptq_config if method == "awq-gptq" else None)
+            scaled = (awq_stage(graph, stage, stats, format_of, gptq=gptq_config if method == "awq-gptq" else None)
                       if method.startswith("awq") else {})
             for lw in stage:
-                fmt = weight_format(opts, lw.fmt.sparsity, calibrated=calibrated)
-                if fmt.float_zero and head_format is not None and is_output_head(graph, lw):
-                    fmt = head_format
-                    counts["output_heads_int8"] += 1
+                fmt = format_of(lw)
+                counts["output_heads_int8"] += fmt == head_format
                 bytes_before += lw.fmt.storage_bytes(lw.k, lw.n)
                 matmuls = list(lw.matmuls)
                 packed = scaled.get(id(lw)) or (self._quantize_one(lw, fmt, method, stats, ctx) if lw.has_data else None)
@@ -283,7 +281,7 @@ class Quantize(Pass):
         embed_before, embed_after = embeddings_to_fp16(graph, notes)
         counts["embeddings_fp16"] = len(embed_before)
         changed = any(counts.values())
-        result_stats: dict[str, Any] = dict(counts, format=weight_format(opts, calibrated=calibrated).name, method=method,
+        result_stats: dict[str, Any] = dict(counts, format=weight_format(opts).name, method=method,
                                             weight_bytes_before=bytes_before + sum(embed_before),
                                             weight_bytes_after=bytes_after + sum(embed_after))
         if run is not None:  # how much calibration text the statistics really saw (padding left out)

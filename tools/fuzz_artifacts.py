@@ -214,6 +214,11 @@ def deep(rng: random.Random, data: bytes) -> tuple[bytes, str]:
 WRONG = ["4", None, [], {}, True, -1, 1.5, "x" * 10]
 
 
+def changed(rng: random.Random, old: Any, choices: list[Any]) -> Any:
+    """One of `choices` that is not `old` as JSON writes it (a mutation that changes nothing is no mutation)."""
+    return rng.choice([c for c in choices if json.dumps(c) != json.dumps(old)])
+
+
 def missing_key(rng: random.Random, document: dict[str, Any]) -> str:
     key = rng.choice(sorted(document))
     del document[key]
@@ -237,7 +242,7 @@ def tile_field(rng: random.Random, plan: dict[str, Any]) -> str:
     index = rng.randrange(len(plan["tiles"]))
     row = plan["tiles"][index]
     at = rng.randrange(len(row))
-    row[at] = rng.choice([*WRONG, 1 << 62, -7, row[at] + 1 << 20])
+    row[at] = changed(rng, row[at], [*WRONG, 1 << 62, -7, (row[at] + 1) << 20])
     return f"tiles[{index}][{at}] = {json.dumps(row[at])}"
 
 
@@ -336,7 +341,7 @@ def unknown_op(rng: random.Random, stream: list[Any]) -> str:
 
 def bad_operand(rng: random.Random, stream: list[Any]) -> str:
     at = rng.randrange(len(stream))
-    stream[at] = rng.choice([*WRONG, 1 << 62, -2, 10**6])
+    stream[at] = changed(rng, stream[at], [*WRONG, 1 << 62, -2, 10**6])
     return f"item {at} = {json.dumps(stream[at])}"
 
 
@@ -358,7 +363,7 @@ def random_edit(rng: random.Random, plan: dict[str, Any]) -> str:
         del node[key]
         return f"dropped {key!r} (was {json.dumps(old)[:40]})"
     nearby = [old + 1, old - 1, -old] if isinstance(old, int) and not isinstance(old, bool) else []
-    node[key] = rng.choice([*WRONG, 0, 1 << 62, -(1 << 31), 1e308, *nearby])
+    node[key] = changed(rng, old, [*WRONG, 0, 1 << 62, -(1 << 31), 1e308, *nearby])
     return f"{key!r}: {json.dumps(old)[:40]} -> {json.dumps(node[key])}"
 
 

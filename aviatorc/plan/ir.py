@@ -529,6 +529,11 @@ def _decode_stream(items: list[Any], names: list[str]) -> list[Instruction]:
     return stream
 
 
+# A count (a channel, chiplet, byte or flop count) is at most 2^53: the largest integer every JSON
+# reader holds exactly, and far above one instruction's bytes or flops on any target.
+MAX_COUNT = 1 << 53
+
+
 def make(op: str, **values: Any) -> Instruction:
     """An instruction of kind `op` from its fields by name, checked against their types."""
     cls = INSTRUCTIONS.get(op)
@@ -542,8 +547,8 @@ def make(op: str, **values: Any) -> Instruction:
         if name not in values:
             raise ValueError(f"'{op}' needs field '{name}'")
         value = values[name]
-        if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ValueError(f"'{op}' field '{name}' must be a count >= 0, not {value!r}")
+        if kind is int and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT):
+            raise ValueError(f"'{op}' field '{name}' must be a count in [0, 2^53], not {value!r}")
         if kind is str and not isinstance(value, str):
             raise ValueError(f"'{op}' field '{name}' must be a name, not {value!r}")
         if kind is bool and not isinstance(value, bool):

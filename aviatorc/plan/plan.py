@@ -362,6 +362,10 @@ def _tiles_from(weights_data: Any, rows: Any, where: str) -> tuple[PlannedTile, 
         if (chiplet < 0) == (channel < 0):
             raise ModelFormatError(f"{where}: tiles[{i}] must be resident on a chiplet or streamed from a channel")
         spec = weights[w]
+        stored = formats[w].storage_bytes(k1 - k0, n1 - n0)
+        if nbytes not in (0, stored):  # 0: an alias of a tied weight, stored once elsewhere
+            raise ModelFormatError(f"{where}: tiles[{i}] holds {nbytes:,} bytes, but rows {k0}:{k1} x columns "
+                                   f"{n0}:{n1} in {formats[w].name} are {stored:,}")
         tiles.append(PlannedTile(spec.name, spec.layer, spec.role, (k0, k1), (n0, n1), formats[w], nbytes, compute,
                                  spec.nodes, None if chiplet < 0 else chiplet, None if channel < 0 else channel))
     return tuple(tiles)

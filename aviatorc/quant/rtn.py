@@ -188,8 +188,12 @@ def quant_params(
     what is stored (fp16, or a power of two for mx). With `clip_search`, each group tries
     ranges shrunk by up to 25% and keeps the one with the least squared error, weighted
     per row by `row_weight` (for example the diagonal of the activation Hessian).
-    `rows_per_group` overrides the format's group (GPTQ passes one group at a time).
+    `rows_per_group` overrides the format's group (GPTQ passes one group at a time). With an fp16
+    offset (`fmt.float_zero`) the zero is the offset, fit by `offset_params` (no clip search: the
+    least-squares refit already trades range for error).
     """
+    if fmt.float_zero:
+        return offset_params(values_KN, fmt, row_weight=row_weight, rows_per_group=rows_per_group)
     g = rows_per_group or (fmt.group_size if fmt.grouped else values_KN.shape[0])
     groups = math.ceil(values_KN.shape[0] / g)
     x = _pad_rows(values_KN.astype(np.float32), groups * g).reshape(groups, g, -1)
@@ -215,19 +219,23 @@ def quant_params(
     return best_scale, best_zero  # type: ignore[return-value]
 
 
-def offset_params(values_KN: np.ndarray, fmt: WeightFormat, *, refits: int = 3) -> tuple[np.ndarray, np.ndarray]:
+def offset_params(values_KN: np.ndarray, fmt: WeightFormat, *, row_weight: np.ndarray | None = None,
+                  rows_per_group: int | None = None, refits: int = 3) -> tuple[np.ndarray, np.ndarray]:
     """Scale and fp16 offset per (group, column) of asymmetric int4 with an fp16 offset, chosen to
-    minimise the squared error of each group without data (float32 [G, N] each, fp16-exact).
+    minimise the squared error of each group (float32 [G, N] each, fp16-exact), each row's error
+    weighted by `row_weight` where given (for example the diagonal of the activation Hessian).
 
     Starts from the group's range (scale (max - min) / 15, offset min: llama.cpp's Q4_1, which
     holds a Q4_1 weight exactly), then `refits` times: the codes of the current scale and offset,
     and the least-squares line through (code, weight) as the next scale and offset, kept per
     group only where it lowers the error (HQQ's alternating fit, in closed form for squared
     error). Measured on SmolLM2-135M (tools/bench_int4_default.py, BENCHMARKS.md)."""
-    g = fmt.group_size
+    g = rows_per_group or fmt.group_size
     q = grid(fmt)
     groups = math.ceil(values_KN.shape[0] / g)
     x = _pad_rows(values_KN.astype(np.float64), groups * g).reshape(groups, g, -1)
+    rw = np.ones((groups, g, 1)) if row_weight is None else _pad_rows(row_weight.astype(np.float64), groups * g).reshape(groups, g, 1)
+    rw = np.where(rw.sum(axis=1, keepdims=True) > 0, rw, 1.0)  # a group no input reaches: plain squared error
     lo, hi = x.min(axis=1), x.max(axis=1)
 
     def fp16(a: np.ndarray) -> np.ndarray:
@@ -235,16 +243,17 @@ def offset_params(values_KN: np.ndarray, fmt: WeightFormat, *, refits: int = 3) 
 
     def fit(scale: np.ndarray, offset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         codes = np.clip(np.round((x - offset[:, None, :]) / scale[:, None, :]), q.lo, q.hi)
-        return codes, ((codes * scale[:, None, :] + offset[:, None, :] - x) ** 2).sum(axis=1)
+        return codes, (rw * (codes * scale[:, None, :] + offset[:, None, :] - x) ** 2).sum(axis=1)
 
     scale = fp16(np.where(hi > lo, np.maximum((hi - lo) / q.hi, FP16_TINY), 1.0))
     offset = fp16(lo)
     codes, err = fit(scale, offset)
     for _ in range(refits):
-        mean_code, mean_x = codes.mean(axis=1), x.mean(axis=1)
+        total = rw.sum(axis=1)
+        mean_code, mean_x = (rw * codes).sum(axis=1) / total, (rw * x).sum(axis=1) / total
         dc = codes - mean_code[:, None, :]
-        var = (dc**2).sum(axis=1)
-        slope = (dc * (x - mean_x[:, None, :])).sum(axis=1) / np.where(var > 0, var, 1.0)
+        var = (rw * dc**2).sum(axis=1)
+        slope = (rw * dc * (x - mean_x[:, None, :])).sum(axis=1) / np.where(var > 0, var, 1.0)
         new_scale = fp16(np.where((var > 0) & (slope > FP16_TINY), slope, scale))
         new_offset = fp16(mean_x - new_scale * mean_code)
         new_codes, new_err = fit(new_scale, new_offset)
@@ -284,7 +293,10 @@ def quantize_codes(x: np.ndarray, scale: np.ndarray, zero: np.ndarray, fmt: Weig
 
 
 def fake_quant(x: np.ndarray, scale: np.ndarray, zero: np.ndarray, fmt: WeightFormat) -> np.ndarray:
-    """Quantize and dequantize `x` with broadcastable scale / zero."""
+    """Quantize and dequantize `x` with broadcastable scale / zero (an fp16 offset where `fmt.float_zero`)."""
+    if fmt.float_zero:
+        q = grid(fmt)
+        return (np.clip(np.round((x - zero) / scale), q.lo, q.hi) * scale + zero).astype(np.float32)
     return ((quantize_codes(x, scale, zero, fmt) - zero) * scale).astype(np.float32)
 
 
@@ -321,7 +333,7 @@ def pack_weight(
     g = group_rows(fmt, k)
     groups = math.ceil(ks / g)
     if scale is None:
-        scale, zero = offset_params(w, fmt) if fmt.float_zero else quant_params(w, fmt, clip_search=clip_search)
+        scale, zero = quant_params(w, fmt, clip_search=clip_search)
     assert zero is not None
     w_pad = _pad_rows(w, groups * g)
     if fmt.float_zero:  # zero holds the offset: code = round((w - offset) / scale)

@@ -234,7 +234,6 @@ def _completion_prompts(model: ServedModel, prompt: Any) -> list[list[int]]:
 
 def _generation_requests(model: ServedModel, body: SamplingFields, prompts: list[list[int]],
                          constraints: list[Any]) -> list[GenerationRequest]:
-    body.check_supported()
     stop_ids = set(body.stop_token_ids)
     eos = getattr(model.tokenizer, "eos_token_id", None)
     if eos is not None and not body.ignore_eos:

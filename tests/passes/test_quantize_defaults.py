@@ -1,6 +1,6 @@
 """The quantize pass's defaults (tools/bench_defaults.py measures them held out): a calibrated int4
-compile is asymmetric GPTQ (damping 0.3 at any amount of text), an uncalibrated one asymmetric with fp16 offsets
-(tools/bench_int4_default.py measures it), an explicit `symmetric` wins either way; fuse-qkv's size estimate agrees with quantize's choice."""
+compile is GPTQ (damping 0.3 at any amount of text), an uncalibrated one round-to-nearest, both asymmetric with
+fp16 offsets (tools/bench_int4_default.py measures it), an explicit `symmetric` wins either way; fuse-qkv's size estimate agrees with quantize's choice."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def formats_after(calibration, **options) -> tuple[set[str], str]:
 
 
 @pytest.mark.parametrize("calibrated, options, expected", [
-    (True, {}, ({"int4-g32-asym"}, "gptq")),
+    (True, {}, ({"int4-g32-asym-fp16zero", "int8-g32"}, "gptq")),
     (False, {}, ({"int4-g32-asym-fp16zero", "int8-g32"}, "rtn")),  # the head (logits) at int8: output_head_format
     (True, {"symmetric": True}, ({"int4-g32"}, "gptq")),
     (False, {"symmetric": False}, ({"int4-g32-asym"}, "rtn")),
@@ -34,15 +34,15 @@ def test_int4_defaults(calibrated, options, expected) -> None:
 
 def test_other_formats_ignore_the_int4_default() -> None:
     for quant, name in (("int8", "int8"), ("mxint4", "mxint4-g32")):
-        assert weight_format(CompileOptions(quant=quant), calibrated=True).name == name
+        assert weight_format(CompileOptions(quant=quant)).name == name
 
 
 def test_fuse_qkv_estimates_the_format_quantize_stores() -> None:
     opts = CompileOptions(quant="int4")
-    for calibrated in (True, False):
-        assert storage_format("float32", opts, calibrated=calibrated) == weight_format(opts, calibrated=calibrated)
-    assert int4_zero(opts, calibrated=True) == (False, "int") and int4_zero(opts, calibrated=False) == (False, "fp16")
-    assert int4_zero(opts, calibrated=False, sparsity="2:4") == (True, "int")  # a pruned weight must read 0
+    assert storage_format("float32", opts) == weight_format(opts)
+    assert int4_zero(opts) == (False, "fp16")
+    assert int4_zero(opts, sparsity="2:4") == (True, "int")  # a pruned weight must read 0
+    assert int4_zero(CompileOptions(quant="int4", symmetric=False)) == (False, "int")
 
 
 def test_gptq_damping_is_strong_at_any_amount_of_text() -> None:

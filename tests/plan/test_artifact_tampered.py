@@ -140,6 +140,9 @@ PLAN_FAULTS = {
     "unknown weight format": (_set("weights", 0, "format", "format", value="int3"), "plan.json: weights[0].format: "),
     "tile computing on chiplet 10^12": (_set("tiles", 0, 6, value=10**12), "plan rule 'wrong-target'"),
     "tile resident nowhere": (_set("tiles", 0, 7, value=-1), "tiles[0] must be resident on a chiplet or streamed"),
+    # found by `tools/fuzz.py --artifacts` (plan-tile-field): a range past the weight's columns loaded
+    "tile columns to 2^26": (_set("tiles", 0, 4, value=1 << 26), "tiles[0] holds "),
+    "tile bytes off by one": (lambda plan: plan["tiles"][0].__setitem__(5, plan["tiles"][0][5] + 1), "tiles[0] holds "),
     "negative buffer size": (_set("tables", "buffers", 0, 2, value=-1), "negative bytes or chiplet"),
     "buffer of 2^62 bytes": (_set("tables", "buffers", 0, 2, value=1 << 62), "plan rule 'over-capacity'"),
     "stream on chiplet 10^12": (_stream_on(10**12), "plan rule 'outside-chiplets'"),
@@ -226,3 +229,24 @@ def test_the_cli_says_one_line_for_a_tampered_weights_file(artifact, tmp_path):
     assert out.returncode == 1
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"aviatorc: error: {folder}: {WEIGHTS} tensor '"), out.stderr
+
+
+@pytest.mark.parametrize("flops", [1 << 62, -1])
+def test_a_count_past_2_to_the_53_or_below_0_in_a_stream_is_one_artifact_error(artifact, tmp_path, flops):
+    """Found by `tools/fuzz.py --artifacts` (program-bad-operand): a compute's flops of 2^62 loaded."""
+    import dataclasses
+
+    from aviatorc.plan.ir import Compute
+    from aviatorc.plan.plan import Plan
+
+    def edit(body: dict) -> None:
+        plan = Plan.from_dict(body)
+        stream = next(s for s in plan.programs["decode"].streams.values() if any(isinstance(i, Compute) for i in s))
+        at = next(n for n, i in enumerate(stream) if isinstance(i, Compute))
+        stream[at] = dataclasses.replace(stream[at], flops=flops)
+        body.clear()
+        body.update(plan.to_dict())
+
+    with pytest.raises(ArtifactError) as refused:
+        aviatorc.load(tampered_copy(artifact, tmp_path / "t.avc", plan=edit))
+    assert f"'compute' field 'flops' must be a count in [0, 2^53], not {flops}" in str(refused.value), str(refused.value)
