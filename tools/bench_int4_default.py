@@ -13,6 +13,9 @@ Each plan runs on the sim device (`aviatorc.Session`):
 - perplexity of the held-out evaluation text (tools/bench_quant_data.EVAL_TEXT), from the
   logits the plan gives at every position (`Session.prefill` of its first token, then `extend`).
 
+Two more rows: the calibrated compile with 4-bit zero points (`--asymmetric`, the calibrated
+default before fp16 offsets), and the FP16 plan with an int8 KV cache at run time.
+
 Goals (issue 26): INT4 without data matches the FP16 plan's first 8 tokens on at least 4 of the
 5 prompts and stays within 15% of its perplexity; with calibration text, within 10%.
 Writes tools/results/bench_int4_default.json and its page, rendered from it alone.
@@ -43,7 +46,11 @@ PROMPTS = ("The capital of France is", "Water boils at a temperature of", "The l
 NEW_TOKENS = 8
 CALIBRATION_PARAGRAPHS = 6  # of CALIBRATION_TEXT: a few hundred tokens
 PLANS = (("FP16 plan (reference)", {}), ("INT4, no calibration data (default)", {"quant": "int4"}),
-         ("INT4, --calibration-text", {"quant": "int4", "calibration": True}))
+         ("INT4, --calibration-text", {"quant": "int4", "calibration": True}),
+         # the calibrated layout before: 4-bit zero points instead of fp16 offsets
+         ("INT4, --calibration-text --asymmetric", {"quant": "int4", "calibration": True, "symmetric": False}),
+         # what an int8 KV cache costs at run time (codes and a scale per head and token)
+         ("FP16 plan, --kv-dtype int8", {"kv_dtype": "int8"}))
 
 
 def gguf_path() -> Path:
@@ -64,7 +71,8 @@ def measure() -> dict[str, Any]:
     for label, opts in PLANS:
         start = time.time()
         text = cal_text if opts.get("calibration") else None
-        art = aviatorc.compile(str(path), quant=opts.get("quant"), context=1024, prompt=16, calibration_text=text)
+        art = aviatorc.compile(str(path), quant=opts.get("quant"), context=1024, prompt=16, calibration_text=text,
+                               symmetric=opts.get("symmetric"), kv_dtype=opts.get("kv_dtype", "fp16"))
         compile_s = time.time() - start
         fmt = next((r["stats"].get("format") for r in art.report.data["passes"] if r["name"] == "quantize"), None)
         with tempfile.TemporaryDirectory() as tmp:
@@ -100,13 +108,16 @@ def render(data: dict[str, Any]) -> str:
              "(`aviatorc.Session`). Greedy: 8 new tokens for each of 5 prompts, matched token for token with the FP16 "
              f"plan's. Perplexity: {data['eval_tokens']:,} tokens of held-out text (bench_quant's evaluation text), "
              "from the plan's logits at every position. The calibration text is other text "
-             f"({rows[-1]['calibration_tokens']:,} tokens, the first {CALIBRATION_PARAGRAPHS} calibration "
+             f"({max(r['calibration_tokens'] for r in rows):,} tokens, the first {CALIBRATION_PARAGRAPHS} calibration "
              "paragraphs of bench_quant).", "",
              "The GGUF file stores its layers as Q4_1 (4-bit codes, an fp16 scale and an fp16 offset per 32 weights) "
              "and its tied embedding / head as Q8_0: the FP16 plan holds those values, and the default INT4 layout "
              "(fp16 offsets, the head at int8 with groups of 32) can hold them again almost exactly, which is why it "
-             "keeps the answer. A 4-bit zero point cannot hold a free offset: the former default (symmetric, "
-             "round-to-nearest) lost every greedy answer and +40% perplexity (bench_quant, `INT4 g32 sym (RTN)`).", "",
+             "keeps the answer, with calibration text too (GPTQ fits the codes on the same layout). A 4-bit zero "
+             "point cannot hold a free offset (the `--asymmetric` row); the data-free default before these "
+             "(symmetric, round-to-nearest) lost every greedy answer and +40% perplexity (bench_quant, "
+             "`INT4 g32 sym (RTN)`). The last row keeps the FP16 plan's weights and stores the KV cache as int8 "
+             "codes with an fp16 scale per head and token at run time.", "",
              "| plan | weights | perplexity | vs FP16 | greedy prompts matching FP16 (8 tokens) | weight bytes | compile |",
              "|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:

@@ -49,6 +49,7 @@ from aviatorc.ir.types import format_shape, numpy_dtype
 from aviatorc.plan.artifact import Artifact, load
 from aviatorc.runtime.cache import CacheLayout, find_cache, static_reason
 from aviatorc.runtime.errors import NotRunnableError, RuntimeInputError
+from aviatorc.runtime.kvstore import Int8KV
 from aviatorc.runtime.sampling import check_sampling, sample
 from aviatorc.target import Target
 
@@ -57,10 +58,24 @@ RUN_PHASE = "prefill"  # a run processes the graph's whole prompt: the prefill p
 
 @dataclass
 class _Sequence:
-    """One sequence being generated: its KV cache (graph input name -> array) and length."""
+    """One sequence being generated: its KV cache (graph input name -> array, or int8 codes and
+    scales under `--kv-dtype int8`) and length."""
 
-    cache: dict[str, np.ndarray]
+    cache: dict[str, np.ndarray | Int8KV]
     length: int
+
+
+def _dense(entry: np.ndarray | Int8KV) -> np.ndarray:
+    return entry.dense() if isinstance(entry, Int8KV) else entry
+
+
+def _take(entry: np.ndarray | Int8KV, positions: range, axis: int) -> np.ndarray | Int8KV:
+    return entry.take(positions) if isinstance(entry, Int8KV) else np.take(entry, positions, axis=axis)
+
+
+def _grown(entry: np.ndarray | Int8KV, present: np.ndarray, length: int) -> np.ndarray | Int8KV:
+    """What a sequence keeps after a step whose cache output is `present` (its first `length` positions the past)."""
+    return entry.grown(present, length) if isinstance(entry, Int8KV) else present
 
 
 @runtime_checkable
@@ -128,6 +143,9 @@ class Session:
         self._predicted: dict[str, float] | None = None
         self.stats: RunStats | None = None
         self.cache: CacheLayout | None = find_cache(self.graph)
+        # "int8": each sequence's cache is kept as int8 codes and fp16 scales per head and token, as
+        # the plan's prediction counts it (`aviatorc.runtime.kvstore`); else the graph's own arrays.
+        self.kv_dtype = self.artifact.plan.memory.kv_dtype
         self._slots: dict[int, _Sequence] = {}
 
     def close(self) -> None:
@@ -244,7 +262,7 @@ class Session:
             raise OptionError(f"slot {slot} holds no sequence", hint="prefill it first")
         if not 0 <= start < stop <= sequence.length:
             raise OptionError(f"positions {start}..{stop} are outside slot {slot}'s {sequence.length} tokens")
-        return {pair.past: np.take(sequence.cache[pair.past], range(start, stop), axis=pair.axis).copy()
+        return {pair.past: np.array(_dense(_take(sequence.cache[pair.past], range(start, stop), pair.axis)))
                 for pair in self._require_cache().pairs}
 
     def resume(self, slot: int, cache: Mapping[str, np.ndarray], length: int, ids: Any) -> np.ndarray:
@@ -257,10 +275,15 @@ class Session:
         if {p.past for p in layout.pairs} != set(cache) or any(
                 cache[p.past].shape[p.axis] != length for p in layout.pairs):
             raise OptionError(f"a cached prefix must hold {length} positions of every cache input")
-        sequence = _Sequence({name: np.array(array) for name, array in cache.items()}, length)
+        sequence = _Sequence({p.past: self._stored(np.array(cache[p.past]), p.axis) for p in layout.pairs}, length)
         logits = self._step(sequence, self._prompt(ids), "prefill")
         self._slots[slot] = sequence
         return logits
+
+    def cache_bytes(self, slot: int) -> int:
+        """Bytes `slot`'s KV cache holds in this process (int8 codes and scales under `--kv-dtype int8`)."""
+        sequence = self._slots.get(slot)
+        return sum(entry.nbytes for entry in sequence.cache.values()) if sequence else 0
 
     def slot_length(self, slot: int) -> int:
         """Tokens held in `slot`'s cache (0 when free)."""
@@ -296,7 +319,7 @@ class Session:
         if not 0 < length <= sequence.length:
             raise OptionError(f"cannot truncate slot {slot} to {length} tokens: it holds {sequence.length}")
         for pair in self._require_cache().pairs:
-            sequence.cache[pair.past] = np.take(sequence.cache[pair.past], range(length), axis=pair.axis)
+            sequence.cache[pair.past] = _take(sequence.cache[pair.past], range(length), pair.axis)
         sequence.length = length
 
     @property
@@ -358,15 +381,25 @@ class Session:
                                     input="input_ids")
         return array.astype(np.int64)[None, :]
 
-    def _empty_cache(self) -> dict[str, np.ndarray]:
+    def _empty_cache(self) -> dict[str, np.ndarray | Int8KV]:
         layout = self._require_cache()
         types = {v.name: v.type for v in self.graph.inputs}
-        cache = {}
+        cache: dict[str, np.ndarray | Int8KV] = {}
         for pair in layout.pairs:
             shape = [0 if i == pair.axis else (d if isinstance(d, int) else 1)
                      for i, d in enumerate(types[pair.past].shape)]
-            cache[pair.past] = np.zeros(shape, dtype=numpy_dtype(types[pair.past].dtype))
+            cache[pair.past] = self._stored(np.zeros(shape, dtype=numpy_dtype(types[pair.past].dtype)), pair.axis)
         return cache
+
+    def _stored(self, array: np.ndarray, axis: int) -> np.ndarray | Int8KV:
+        """A cache input as this session keeps it (see `kv_dtype`)."""
+        if self.kv_dtype != "int8":
+            return array
+        if axis == array.ndim - 1:
+            raise NotRunnableError("an int8 KV cache keeps one scale per head and token, but this graph's cache "
+                                   f"has its sequence axis last ({array.ndim - 1})", file=str(self.artifact.path),
+                                   hint="compile with --kv-dtype fp16")
+        return Int8KV.of(array, axis)
 
     def _step(self, sequence: _Sequence, ids: np.ndarray, phase: str, *, every_position: bool = False) -> np.ndarray:
         """Run `ids` [1, n] after `sequence`'s cache; grow the cache; the last position's logits."""
@@ -376,14 +409,14 @@ class Session:
             rows = [self._step(sequence, ids[:, i:i + 1], "decode", every_position=True) for i in range(ids.shape[1])]
             return np.concatenate(rows) if every_position else rows[-1][-1]
         total = self._room(sequence, ids.shape[1])
-        feeds: dict[str, np.ndarray] = {layout.ids: ids, **sequence.cache}
+        feeds: dict[str, np.ndarray] = {layout.ids: ids, **{name: _dense(e) for name, e in sequence.cache.items()}}
         if layout.attention_mask:
             feeds[layout.attention_mask] = np.ones((1, total), dtype=np.int64)
         if layout.position_ids:
             feeds[layout.position_ids] = np.arange(sequence.length, total, dtype=np.int64)[None, :]
         outputs = self._execute(self._check_feeds(feeds), phase)
         for pair in layout.pairs:
-            sequence.cache[pair.past] = outputs[pair.present]
+            sequence.cache[pair.past] = _grown(sequence.cache[pair.past], outputs[pair.present], sequence.length)
         sequence.length = total
         return outputs[layout.logits][0] if every_position else outputs[layout.logits][0, -1]
 
@@ -420,7 +453,7 @@ class Session:
         longest = max(lengths)
         feeds: dict[str, np.ndarray] = {layout.ids: ids}
         for pair in layout.pairs:
-            feeds[pair.past] = _pad_stack([s.cache[pair.past] for s in sequences], pair.axis, longest)
+            feeds[pair.past] = _pad_stack([_dense(s.cache[pair.past]) for s in sequences], pair.axis, longest)
         if layout.attention_mask:
             mask = np.zeros((len(sequences), longest + new), dtype=np.int64)
             for row, length in enumerate(lengths):
@@ -433,7 +466,8 @@ class Session:
         for row, (sequence, length) in enumerate(zip(sequences, lengths)):
             for pair in layout.pairs:
                 kept = [*range(length), *range(longest, longest + new)]
-                sequence.cache[pair.past] = np.take(outputs[pair.present][row:row + 1], kept, axis=pair.axis)
+                present = np.take(outputs[pair.present][row:row + 1], kept, axis=pair.axis)
+                sequence.cache[pair.past] = _grown(sequence.cache[pair.past], present, length)
             sequence.length = length + new
         if self.stats is not None:
             self.stats.extra["batch"] = len(sequences)

@@ -1,0 +1,59 @@
+"""A sequence's KV cache as the runtime keeps it: the graph's own arrays, or, for a plan compiled
+with `--kv-dtype int8`, int8 codes with one fp16 scale per head and token.
+
+    entry = Int8KV.of(present, axis)          # quantize a cache input (axis: its sequence axis)
+    entry = entry.grown(present, length)      # a step's present: only positions >= length are new
+    entry.dense()                             # what the graph is fed: codes x scales, its dtype
+
+The int8 layout is the one the cost model counts for `kv_dtype="int8"` (`aviatorc.quant.kv`:
+a head's D values of one token share a scale, so the last axis must be the head's width). Only
+the positions a step adds are quantized; the ones before stay the codes they were, so a long
+sequence does not drift by requantizing its past. Dequantized values requantize to the same codes,
+so a prefix handed out dense (`Session.prefix`) comes back the same (`Session.resume`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from aviatorc.quant.kv import dequantize_kv, quantize_kv
+
+
+@dataclass(frozen=True)
+class Int8KV:
+    """One cache input of one sequence: codes [..., D] int8 and scales [..., 1] fp16 along `axis`."""
+
+    codes: np.ndarray
+    scales: np.ndarray
+    axis: int  # the sequence axis
+    dtype: np.dtype  # what the graph reads
+
+    @classmethod
+    def of(cls, x: np.ndarray, axis: int) -> Int8KV:
+        """`x` quantized; `axis`, its sequence axis, is not the last (the session checks)."""
+        codes, scales = quantize_kv(x)
+        return cls(codes, scales, axis, x.dtype)
+
+    @property
+    def length(self) -> int:
+        return int(self.codes.shape[self.axis])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.codes.nbytes + self.scales.nbytes)
+
+    def dense(self) -> np.ndarray:
+        return dequantize_kv(self.codes, self.scales).astype(self.dtype, copy=False)
+
+    def take(self, positions: range) -> Int8KV:
+        return Int8KV(np.take(self.codes, positions, axis=self.axis), np.take(self.scales, positions, axis=self.axis),
+                      self.axis, self.dtype)
+
+    def grown(self, present: np.ndarray, length: int) -> Int8KV:
+        """These `length` positions, then `present`'s positions from `length` on, quantized."""
+        new = Int8KV.of(np.take(present, range(length, present.shape[self.axis]), axis=self.axis), self.axis)
+        kept = self.take(range(length))
+        return Int8KV(np.concatenate([kept.codes, new.codes], axis=self.axis),
+                      np.concatenate([kept.scales, new.scales], axis=self.axis), self.axis, self.dtype)
