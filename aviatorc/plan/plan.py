@@ -359,8 +359,9 @@ def _tiles_from(weights_data: Any, rows: Any, where: str) -> tuple[PlannedTile, 
             raise ModelFormatError(f"{where}: tiles[{i}] names weight {w} of {len(weights)}")
         if not (0 <= k0 < k1 and 0 <= n0 < n1 and nbytes >= 0 and compute >= 0):
             raise ModelFormatError(f"{where}: tiles[{i}] has an empty range or a negative size")
-        if (chiplet < 0) == (channel < 0):
-            raise ModelFormatError(f"{where}: tiles[{i}] must be resident on a chiplet or streamed from a channel")
+        if (chiplet < 0) == (channel < 0) or min(chiplet, channel) < -1:  # -1: none
+            raise ModelFormatError(f"{where}: tiles[{i}] must be resident on a chiplet or streamed from a channel "
+                                   f"(the other -1), not chiplet {chiplet} and channel {channel}")
         spec = weights[w]
         stored = formats[w].storage_bytes(k1 - k0, n1 - n0)
         if nbytes not in (0, stored):  # 0: an alias of a tied weight, stored once elsewhere

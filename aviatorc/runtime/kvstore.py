@@ -47,13 +47,14 @@ class Int8KV:
     def dense(self) -> np.ndarray:
         return dequantize_kv(self.codes, self.scales).astype(self.dtype, copy=False)
 
-    def take(self, positions: range) -> Int8KV:
-        return Int8KV(np.take(self.codes, positions, axis=self.axis), np.take(self.scales, positions, axis=self.axis),
-                      self.axis, self.dtype)
+    def window(self, start: int, stop: int) -> Int8KV:
+        """Positions [start, stop): views, not copies."""
+        at = (slice(None),) * self.axis + (slice(start, stop),)
+        return Int8KV(self.codes[at], self.scales[at], self.axis, self.dtype)
 
     def grown(self, present: np.ndarray, length: int) -> Int8KV:
         """These `length` positions, then `present`'s positions from `length` on, quantized."""
-        new = Int8KV.of(np.take(present, range(length, present.shape[self.axis]), axis=self.axis), self.axis)
-        kept = self.take(range(length))
+        new = Int8KV.of(present[(slice(None),) * self.axis + (slice(length, None),)], self.axis)
+        kept = self.window(0, length)
         return Int8KV(np.concatenate([kept.codes, new.codes], axis=self.axis),
                       np.concatenate([kept.scales, new.scales], axis=self.axis), self.axis, self.dtype)

@@ -69,8 +69,12 @@ def _dense(entry: np.ndarray | Int8KV) -> np.ndarray:
     return entry.dense() if isinstance(entry, Int8KV) else entry
 
 
-def _take(entry: np.ndarray | Int8KV, positions: range, axis: int) -> np.ndarray | Int8KV:
-    return entry.take(positions) if isinstance(entry, Int8KV) else np.take(entry, positions, axis=axis)
+def _window(entry: np.ndarray | Int8KV, start: int, stop: int, axis: int) -> np.ndarray | Int8KV:
+    """Positions [start, stop) of a cache input along its sequence axis: a view, not a copy (a
+    rollback keeps the first positions by length; the steps after never write into them)."""
+    if isinstance(entry, Int8KV):
+        return entry.window(start, stop)
+    return entry[(slice(None),) * axis + (slice(start, stop),)]
 
 
 def _grown(entry: np.ndarray | Int8KV, present: np.ndarray, length: int) -> np.ndarray | Int8KV:
@@ -262,7 +266,7 @@ class Session:
             raise OptionError(f"slot {slot} holds no sequence", hint="prefill it first")
         if not 0 <= start < stop <= sequence.length:
             raise OptionError(f"positions {start}..{stop} are outside slot {slot}'s {sequence.length} tokens")
-        return {pair.past: np.array(_dense(_take(sequence.cache[pair.past], range(start, stop), pair.axis)))
+        return {pair.past: np.array(_dense(_window(sequence.cache[pair.past], start, stop, pair.axis)))
                 for pair in self._require_cache().pairs}
 
     def resume(self, slot: int, cache: Mapping[str, np.ndarray], length: int, ids: Any) -> np.ndarray:
@@ -312,14 +316,15 @@ class Session:
         return self._step(self._slots[slot], self._prompt(ids), "prefill", every_position=True)
 
     def truncate(self, slot: int, length: int) -> None:
-        """Keep only the first `length` tokens of sequence `slot`'s cache (drop rejected drafts)."""
+        """Keep only the first `length` tokens of sequence `slot`'s cache (drop rejected drafts): by
+        length, a view of the positions kept, nothing copied."""
         sequence = self._slots.get(slot)
         if sequence is None:
             raise OptionError(f"slot {slot} holds no sequence", hint="prefill it first")
         if not 0 < length <= sequence.length:
             raise OptionError(f"cannot truncate slot {slot} to {length} tokens: it holds {sequence.length}")
         for pair in self._require_cache().pairs:
-            sequence.cache[pair.past] = _take(sequence.cache[pair.past], range(length), pair.axis)
+            sequence.cache[pair.past] = _window(sequence.cache[pair.past], 0, length, pair.axis)
         sequence.length = length
 
     @property

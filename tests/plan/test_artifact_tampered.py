@@ -140,7 +140,9 @@ PLAN_FAULTS = {
     "unknown weight format": (_set("weights", 0, "format", "format", value="int3"), "plan.json: weights[0].format: "),
     "tile computing on chiplet 10^12": (_set("tiles", 0, 6, value=10**12), "plan rule 'wrong-target'"),
     "tile resident nowhere": (_set("tiles", 0, 7, value=-1), "tiles[0] must be resident on a chiplet or streamed"),
-    # found by `tools/fuzz.py --artifacts` (plan-tile-field): a range past the weight's columns loaded
+    # found by `tools/fuzz.py --artifacts` (plan-tile-field): a range past the weight's columns, and a
+    # channel of -7 beside a resident chiplet, loaded
+    "tile channel -7": (_set("tiles", 0, 8, value=-7), "tiles[0] must be resident on a chiplet or streamed"),
     "tile columns to 2^26": (_set("tiles", 0, 4, value=1 << 26), "tiles[0] holds "),
     "tile bytes off by one": (lambda plan: plan["tiles"][0].__setitem__(5, plan["tiles"][0][5] + 1), "tiles[0] holds "),
     "negative buffer size": (_set("tables", "buffers", 0, 2, value=-1), "negative bytes or chiplet"),

@@ -129,3 +129,26 @@ def test_batched_decode_truncate_and_resume_keep_the_codes(sessions):
     assert session.cache_bytes(1) == per_position * session.slot_length(1) < sum(a.nbytes for a in prefix.values())
     for slot in (0, 1):
         session.free(slot)
+
+
+@pytest.mark.parametrize("kv", ["int8", "fp16"])
+def test_truncate_rolls_back_by_length_and_copies_nothing(sessions, kv):
+    """Speculative decoding drops rejected drafts with `truncate`: the kept positions are a view of
+    the cache before (white box: the arrays share memory), and stepping on from there gives what a
+    sequence that never held the dropped tokens gives."""
+    from aviatorc.runtime.kvstore import Int8KV
+
+    session = sessions[kv]
+    prompt = PROMPTS[0]
+    session.prefill(0, prompt)
+    before = {name: (e.codes if isinstance(e, Int8KV) else e) for name, e in session._slots[0].cache.items()}
+    session.truncate(0, 5)
+    for name, entry in session._slots[0].cache.items():
+        kept = entry.codes if isinstance(entry, Int8KV) else entry
+        assert np.shares_memory(kept, before[name]) and kept.shape != before[name].shape
+    got = session.extend(0, [11, 12])
+    session.free(0)
+    session.prefill(0, prompt[:5])
+    want = session.extend(0, [11, 12])
+    session.free(0)
+    np.testing.assert_allclose(got, want, atol=BATCHED_ATOL if kv == "int8" else ATOL)
