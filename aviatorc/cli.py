@@ -291,6 +291,9 @@ def _parser() -> argparse.ArgumentParser:
                    "(16 tokens each) that earlier requests computed: a shared system prompt is prefilled once")
     p.add_argument("--prefix-cache-tokens", type=int, default=None, metavar="N", help="tokens the prefix cache keeps "
                    "(least recently used dropped first; default: the plan's KV slots x its context)")
+    p.add_argument("--max-num-batched-tokens", type=int, metavar="N", help="chunked prefill: each step computes at "
+                   "most N tokens, one per decoding sequence and the rest from prompts, so a long prompt is prefilled "
+                   "in chunks between decode steps instead of stalling them (default: whole prompts)")
     p.add_argument("--shutdown-timeout", type=float, default=LIMITS.shutdown_timeout_s, metavar="S",
                    help="on SIGTERM, how long the requests in progress may run on before they end with an error "
                    "(new ones get 503 meanwhile)")
@@ -703,7 +706,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options = EngineOptions(max_num_seqs=args.max_num_seqs, policy=args.scheduling_policy, max_queue=args.max_queue,
                             request_timeout_s=args.request_timeout, draft=args.draft,
                             speculative_method=args.speculative_method, num_speculative_tokens=args.num_speculative_tokens,
-                            prefix_cache_tokens=_prefix_cache_tokens(args))
+                            prefix_cache_tokens=_prefix_cache_tokens(args),
+                            max_num_batched_tokens=args.max_num_batched_tokens)
     serve(specs, options, host=args.host, port=args.port, log_level=args.log_level, limits=limits)
     return 0
 

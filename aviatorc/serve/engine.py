@@ -14,6 +14,10 @@ Each turn of `run`, on the event loop (so the state needs no locks):
 3. prefill each admitted request (one at a time: prompts differ in length; the next one chosen
    again after each, so an arrival goes first) and sample its first token;
 4. decode one token for every running sequence in one batched `Session.decode` step.
+With `max_num_batched_tokens` (chunked prefill), a turn's prefills take at most that many tokens
+less one per decoding sequence: a long prompt is prefilled a chunk per turn (`Session.extend`
+after its first chunk), finishing the oldest one first, so the running sequences get a token
+every turn while it arrives instead of waiting for its whole prefill.
 Under `priority` one slot is kept free for a request that outranks everything running: one that
 arrives during a decode step is prefilled at once, in its own worker thread (prefill and decode
 touch different slots), while the step pauses at its next instruction (`Session.precedence`),
@@ -99,6 +103,7 @@ class GenerationRequest:
     _rng: np.random.Generator | None = field(default=None, repr=False)
     _end: Finished | None = None  # asked for from outside the engine; applied at its next turn
     _slot: int | None = None
+    _prefill_left: int = 0  # tokens of prompt + generated not yet in its slot's cache (chunked prefill)
 
     def __post_init__(self) -> None:
         check_sampling(self.temperature, self.top_p)
@@ -150,6 +155,7 @@ class StepSession(Protocol):
     def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> np.ndarray: ...
     def free(self, slot: int) -> None: ...
     def resume(self, slot: int, cache: Any, length: int, ids: Any) -> np.ndarray: ...
+    def extend(self, slot: int, ids: Any) -> np.ndarray: ...
 
 
 class Observer(Protocol):
@@ -177,11 +183,14 @@ class Engine:
 
     def __init__(self, session: StepSession, *, max_num_seqs: int | None = None, policy: str = "fcfs",
                  max_queue: int = 256, request_timeout_s: float | None = None, observer: Observer | None = None,
-                 speculator: Any = None, prefix_cache: PrefixCache | None = None) -> None:
+                 speculator: Any = None, prefix_cache: PrefixCache | None = None,
+                 max_num_batched_tokens: int | None = None) -> None:
         if policy not in POLICIES:
             raise OptionError(f"unknown scheduling policy '{policy}'", hint=f"choose one of {', '.join(POLICIES)}")
         if max_num_seqs is not None and max_num_seqs < 1:
             raise OptionError(f"--max-num-seqs must be >= 1, not {max_num_seqs}")
+        if max_num_batched_tokens is not None and max_num_batched_tokens < 1:
+            raise OptionError(f"--max-num-batched-tokens must be >= 1, not {max_num_batched_tokens}")
         if session.num_slots < 1:  # nothing could ever be admitted: every request would wait for ever
             raise OptionError(f"the plan has {session.num_slots} KV slots: it cannot serve a sequence",
                               hint="compile with --batch 1 or more")
@@ -193,6 +202,7 @@ class Engine:
         self.observer: Observer = observer or _NoObserver()  # type: ignore[assignment]
         self.speculator = speculator
         self.prefix_cache = prefix_cache
+        self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: list[GenerationRequest] = []
         self.running: dict[int, GenerationRequest] = {}  # slot -> request
         self._arrivals = itertools.count()
@@ -263,12 +273,19 @@ class Engine:
         sequence that was running. Under `priority`, a request that outranks every running one
         and arrives during that step is prefilled beside it in the kept slot."""
         fresh: set[int] = set()  # requests prefilled this turn: they have their next token already
-        while (request := self._admit_one()) is not None:
+        budget = self._prefill_budget()
+        for partial in sorted((r for r in self.running.values() if r._prefill_left), key=lambda r: r.arrival):
+            if budget is not None and budget < 1:
+                break
+            fresh.add(id(partial))
+            budget = await self._prefill(partial, budget)
+        while (budget is None or budget > 0) and (request := self._admit_one()) is not None:
             fresh.add(id(request))
             if request.finished is None:  # one admitted before it may have ended it (a preemption)
-                await self._prefill(request)
+                budget = await self._prefill(request, budget)
             self._drop_ended()
-        batch = [slot for slot, request in sorted(self.running.items()) if id(request) not in fresh]
+        batch = [slot for slot, request in sorted(self.running.items())
+                 if id(request) not in fresh and not request._prefill_left]
         if batch:
             decoding = asyncio.ensure_future(self._decode(batch))
             while not decoding.done():
@@ -299,39 +316,64 @@ class Engine:
         for slot, row in zip(batch, logits):
             self._take(self.running[slot], row)
 
-    async def _prefill(self, request: GenerationRequest, *, first: bool = False) -> None:
-        """Prefill `request` in its slot; `first`: while a decode step is in flight, which pauses
-        until this prefill is done (`Precedence`), as the step would end first on the target."""
+    def _prefill_budget(self) -> int | None:
+        """Prompt tokens this turn may prefill: the batched-token budget less one token per sequence
+        that decodes (at least 1, so a prompt always advances); None without chunked prefill."""
+        if self.max_num_batched_tokens is None:
+            return None
+        decoding = sum(1 for r in self.running.values() if not r._prefill_left)
+        return max(1, self.max_num_batched_tokens - decoding)
+
+    async def _prefill(self, request: GenerationRequest, budget: int | None = None, *, first: bool = False) -> int | None:
+        """Prefill `request` in its slot, at most `budget` tokens of it (None: all of it), and sample
+        its first token once all of it is in; the budget left. `first`: while a decode step is in
+        flight, which pauses until this prefill is done (`Precedence`), as the step would end first
+        on the target."""
         slot = request._slot
         if slot is None:
             raise RuntimeError(f"request {request.arrival} was admitted without a slot")
+        ids = np.array(request.prompt + request.generated, dtype=np.int64)
+        done = len(ids) - request._prefill_left if request._prefill_left else 0
         try:
-            ids = np.array(request.prompt + request.generated, dtype=np.int64)
-            logits = await asyncio.to_thread(self._prefill_now, slot, ids, first)
+            stop, computed, logits = await asyncio.to_thread(self._prefill_now, slot, ids, done, budget, first)
         except Exception as error:  # noqa: BLE001 - this request's own failure ends it alone
             if not isinstance(error, AviatorError):
                 log.exception("prefill of request %d failed", request.arrival)
             self._finish(request, Finished("error", str(error) if isinstance(error, AviatorError)
                                            else f"internal error: {type(error).__name__}: {error}"))
-            return
-        self._take(request, logits)
+            return budget
+        request._prefill_left = len(ids) - stop
+        if not request._prefill_left:
+            self._take(request, logits)
+        return None if budget is None else budget - computed
 
-    def _prefill_now(self, slot: int, ids: np.ndarray, first: bool) -> np.ndarray:
+    def _prefill_now(self, slot: int, ids: np.ndarray, done: int, budget: int | None,
+                     first: bool) -> tuple[int, int, np.ndarray]:
+        """Prefill ids[done:] of `slot`'s sequence, at most `budget` computed tokens: (tokens in its
+        cache after, tokens computed, the logits after the last of them)."""
         sessions = [self.session] + (self.speculator.sessions if self.speculator is not None else [])
         with contextlib.ExitStack() as held:
             if first:
                 for session in sessions:
                     held.enter_context(session.precedence.first())
             cache = self.prefix_cache
-            reused, arrays = cache.lookup(ids.tolist()) if cache is not None else (0, {})
-            logits = (self.session.resume(slot, arrays, reused, ids[reused:]) if reused
-                      else self.session.prefill(slot, ids))
-            if cache is not None:
-                cache.insert(slot, ids.tolist())
-                self.observer.prefix_cache(len(ids), reused)
-            if self.speculator is not None:
-                self.speculator.prefill(slot, ids)
-        return logits
+            if done:  # a later chunk
+                start = done
+                stop = len(ids) if budget is None else min(len(ids), start + budget)
+                logits = self.session.extend(slot, ids[start:stop])[-1]
+            else:  # the first chunk, after the longest cached prefix
+                start, arrays = cache.lookup(ids.tolist()) if cache is not None else (0, {})
+                stop = len(ids) if budget is None else min(len(ids), start + budget)
+                logits = (self.session.resume(slot, arrays, start, ids[start:stop]) if start
+                          else self.session.prefill(slot, ids[:stop]))
+                if cache is not None:
+                    self.observer.prefix_cache(len(ids), start)
+            if stop == len(ids):
+                if cache is not None:
+                    cache.insert(slot, ids.tolist())
+                if self.speculator is not None:
+                    self.speculator.prefill(slot, ids)
+        return stop, stop - start, logits
 
     def _take(self, request: GenerationRequest, logits: np.ndarray) -> None:
         """Sample the request's next token from its row of logits and hand it over."""
@@ -427,6 +469,7 @@ class Engine:
             free = [slot for slot in range(self.slots) if slot not in self.running]
         self.waiting.pop(0)
         request._slot = min(free)
+        request._prefill_left = len(request.prompt) + len(request.generated)
         self.running[request._slot] = request
         return request
 

@@ -39,6 +39,7 @@ class EngineOptions:
     speculative_method: str | None = None  # "draft" (needs `draft`) or "ngram"; None: "draft" if a draft is given
     num_speculative_tokens: int = 4
     prefix_cache_tokens: int | None = 0  # prefix caching: 0 off; N tokens kept; None the plan's slots x context
+    max_num_batched_tokens: int | None = None  # chunked prefill: tokens a turn computes (decodes + prompt chunks)
 
     @property
     def method(self) -> str | None:
@@ -109,7 +110,8 @@ def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Regist
                 session, capacity_tokens=options.prefix_cache_tokens or session.num_slots * session.context)
             engine = Engine(session, max_num_seqs=options.max_num_seqs, policy=options.policy,
                             max_queue=options.max_queue, request_timeout_s=options.request_timeout_s,
-                            observer=metrics, speculator=speculator, prefix_cache=prefix_cache)
+                            observer=metrics, speculator=speculator, prefix_cache=prefix_cache,
+                            max_num_batched_tokens=options.max_num_batched_tokens)
         except AviatorError as error:
             raise error.with_file(spec.artifact) from None
         # Given, else the artifact's source's own (a GGUF file carries its tokenizer and chat template).

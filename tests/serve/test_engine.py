@@ -14,6 +14,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from aviatorc.errors import OptionError
 from aviatorc.runtime import Session
 from aviatorc.serve.engine import Engine, Finished, GenerationRequest, QueueFull
 from tests.serve.servers import CONTEXT
@@ -192,3 +193,55 @@ def test_under_priority_an_arrival_that_outranks_everything_starts_during_a_deco
     assert all(r.preemptions == 0 for r in order)
     assert urgent.generated == alone(session, [10, 11], 3) and first.generated == alone(session, [5, 6, 7], 30)
     assert second.generated == alone(session, [8, 9], 3)
+
+
+class Recording:
+    """The session, with each step the engine asks of it logged: (kind, tokens computed)."""
+
+    def __init__(self, session: Session) -> None:
+        self.session, self.log = session, []
+
+    def __getattr__(self, name: str):
+        return getattr(self.session, name)
+
+    def prefill(self, slot, ids):
+        self.log.append(("prompt", len(ids)))
+        return self.session.prefill(slot, ids)
+
+    def extend(self, slot, ids):
+        self.log.append(("prompt", len(ids)))
+        return self.session.extend(slot, ids)
+
+    def decode(self, slots, tokens):
+        self.log.append(("decode", len(slots)))
+        return self.session.decode(slots, tokens)
+
+
+@pytest.mark.parametrize("budget", [8, None])
+def test_chunked_prefill_keeps_the_running_sequences_decoding_while_a_long_prompt_arrives(session, budget):
+    """With --max-num-batched-tokens 8, a 60-token prompt arriving beside a decoding sequence is
+    prefilled in chunks of at most 7 (8 less the one decoding token), each followed by a decode
+    step of the running sequence; without it, in one step of 60 while the decode waits. Both give
+    each request its own greedy tokens."""
+    short, long = [5, 9, 17, 33, 8], np.random.default_rng(4).integers(6, 128, size=60).tolist()
+    recording = Recording(session)
+    engine = Engine(recording, max_num_batched_tokens=budget)
+    running = GenerationRequest(prompt=short, max_tokens=24)
+    arriving = GenerationRequest(prompt=long, max_tokens=4)
+    asyncio.run(serve(engine, [running, arriving], stagger_steps=2))
+    assert running.generated == alone(session, short, 24) and arriving.generated == alone(session, long, 4)
+    chunks = [n for kind, n in recording.log if kind == "prompt"][1:]  # the first is the short prompt's
+    if budget is None:
+        assert chunks == [60]
+        return
+    assert sum(chunks) == 60 and max(chunks) <= budget - 1, chunks
+    kinds = [kind for kind, _ in recording.log]
+    first = kinds.index("prompt", 1)
+    last = len(kinds) - 1 - kinds[::-1].index("prompt")
+    between = kinds[first:last + 1]
+    assert all(a != b for a, b in zip(between, between[1:])), between  # a decode between every two chunks
+
+
+def test_a_batched_token_budget_below_1_is_refused(session):
+    with pytest.raises(OptionError, match="--max-num-batched-tokens must be >= 1, not 0"):
+        Engine(session, max_num_batched_tokens=0)

@@ -203,6 +203,13 @@ def test_a_plan_with_no_kv_slots_is_refused_before_listening(artifacts, tmp_path
     assert out.stderr.startswith("aviatorc: error:") and "batch" in out.stderr and "zero.avc" in out.stderr
 
 
+def test_a_batched_token_budget_of_0_is_refused_before_listening(artifacts):
+    out = subprocess.run([sys.executable, "-m", "aviatorc", "serve", str(artifacts["llama"]), "--port", "0",
+                          "--max-num-batched-tokens", "0"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "listening" not in out.stdout, out.stderr
+    assert out.stderr.startswith("aviatorc: error:") and "--max-num-batched-tokens must be >= 1, not 0" in out.stderr
+
+
 def test_serve_without_its_extra_says_what_to_install(artifacts):
     script = ("import sys; sys.modules['uvicorn'] = None\n"  # as if the extra were not installed
               "from aviatorc.cli import main\n"
