@@ -29,6 +29,7 @@ import contextlib
 import itertools
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -271,6 +272,23 @@ async def _serve(model: ServedModel, body: SamplingFields, prompts: list[list[in
     return await _complete(model, shape, submitted, raw)
 
 
+_HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+_MISTRAL_CALLS = "[TOOL_CALLS]"
+
+
+def _tool_call_json(text: str) -> Any:
+    """The JSON of the tool calls in a chat answer, in the forms models write them: the JSON alone
+    (Llama 3's), `<tool_call>{...}</tool_call>` blocks and nothing else (Hermes', Qwen's), or
+    `[TOOL_CALLS]` and a JSON list (Mistral's). ValueError for any other answer."""
+    stripped = text.strip()
+    if stripped.startswith(_MISTRAL_CALLS):
+        return json.loads(stripped.removeprefix(_MISTRAL_CALLS))
+    blocks = _HERMES_CALL.findall(stripped)
+    if blocks and not _HERMES_CALL.sub("", stripped).strip():
+        return [json.loads(block) for block in blocks]
+    return json.loads(stripped)
+
+
 class _Shape:
     """Builds the response objects of one request (completion or chat)."""
 
@@ -321,8 +339,8 @@ class _Shape:
     def tool_calls(self, text: str) -> list[dict[str, Any]] | None:
         """The tool calls a finished chat answer holds, in OpenAI's shape; None for plain text.
         named: the text is the function's arguments; required: a JSON list of {name, parameters}
-        (what the grammar enforced); auto: the text, if it is one such call or a list of them
-        (the JSON tool-call form of Llama 3 and others), else it is the answer's content."""
+        (what the grammar enforced); auto: the text, if it holds one such call or a list of them in
+        a form models write (`_tool_call_json`), else it is the answer's content."""
         if self.tool_mode == "none":
             return None
         if self.tool_mode == "named":
@@ -330,7 +348,7 @@ class _Shape:
             name = self.body.tool_choice.function.name  # type: ignore[union-attr]
             return [self._call(name, text)] if _is_json(text) else None
         try:
-            found = json.loads(text)
+            found = _tool_call_json(text)
         except ValueError:
             return None
         found = found if isinstance(found, list) else [found]

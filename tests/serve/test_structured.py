@@ -199,6 +199,16 @@ def test_tool_calls_named_required_and_auto_through_the_openai_client(server):
     auto = client.chat.completions.create(model="llama", messages=messages, max_tokens=60, tools=[WEATHER, TIME],
                                           extra_body={"structured_outputs": {"json": as_call}})
     assert auto.choices[0].message.tool_calls[0].function.name == "get_time"
+    # auto reads the forms other chat templates teach: Hermes / Qwen blocks, Mistral's [TOOL_CALLS]
+    hermes = ('<tool_call>{"name": "get_time", "arguments": {"zone": "utc"}}</tool_call>\n'
+              '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}</tool_call>')
+    mistral = '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "local"}}]'
+    for written, want in ((hermes, [("get_time", {"zone": "utc"}), ("get_weather", {"city": "Oslo", "unit": "c"})]),
+                          (mistral, [("get_time", {"zone": "local"})])):
+        forced = client.chat.completions.create(model="llama", messages=messages, max_tokens=200, tools=[WEATHER, TIME],
+                                                extra_body={"structured_outputs": {"regex": re.escape(written)}})
+        calls = forced.choices[0].message.tool_calls
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in calls or ()] == want, forced
     text = client.chat.completions.create(model="llama", messages=messages, max_tokens=20, tools=[WEATHER, TIME],
                                           extra_body={"structured_outputs": {"choice": ["sunny", "rain"]}})
     assert text.choices[0].message.tool_calls is None and text.choices[0].message.content in ("sunny", "rain")
