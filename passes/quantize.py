@@ -104,8 +104,10 @@ def int4_zero(options: CompileOptions, sparsity: str = "") -> tuple[bool, str]:
     round-to-nearest lost the greedy answer of every prompt and +40% perplexity; GPTQ with 4-bit
     zero points, calibrated on 364 tokens of other text, +10.9% (a 4-bit zero point cannot hold a
     Q4_1 file's offsets, so a GGUF Q4_1 model re-rounds onto a coarser grid with one); see the page
-    for the fp16 offsets' figures. Held out on all-MiniLM-L6-v2 (tools/bench_defaults.py) the two
-    zero kinds under GPTQ: see its page. 2:4 sparse stays symmetric (a pruned weight must read back
+    for the fp16 offsets' figures (+0.0% with or without the text). Held out on all-MiniLM-L6-v2
+    (tools/bench_defaults.py, 40 sentences calibrating, 40 others evaluated) GPTQ reached a mean /
+    worst cosine of 0.99458 / 0.99199 with fp16 offsets against 0.99337 / 0.98880 with 4-bit zero
+    points and 0.99158 / 0.98727 symmetric. 2:4 sparse stays symmetric (a pruned weight must read back
     0, which an offset would move). `symmetric=False` (`--asymmetric`) asks for 4-bit zero points
     (4.625 bits a weight at g32)."""
     if options.symmetric is not None:
