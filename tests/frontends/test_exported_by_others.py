@@ -164,3 +164,23 @@ def test_the_verifier_refuses_two_nodes_of_one_name():
     graph.add_node("Neg", [a.outputs[0]], [TensorType("float32", (2,))], name="same")
     with pytest.raises(VerificationError, match="node name 'same' is used twice"):
         verify(graph)
+
+
+@pytest.mark.parametrize("config_class", ["CamembertConfig", "XLMRobertaConfig", "Data2VecTextConfig"])
+def test_roberta_family_decoders_number_positions_from_the_padding_index(config_class):
+    """RoBERTa's family counts learned positions from padding_idx + 1 (found by
+    tools/arch_census.py: camembert and data2vec-text generated other tokens than transformers;
+    their steps fed positions from 0). Compiled from the module, they generate what the model's
+    own forward gives, token by token over the whole sequence. (transformers' `generate` passes
+    position ids counted from 0 to these models, so its tokens differ from its own forward's.)"""
+    import torch
+    import transformers
+
+    config = getattr(transformers, config_class)(is_decoder=True, pad_token_id=0, **exported.TINY)
+    model = exported.built(config)
+    result = aviatorc.compile(model, target="mock", context=48, prompt=8, time_limit_s=1.0)
+    want = list(PROMPT)
+    with torch.no_grad():
+        for _ in range(NEW):
+            want.append(int(model(input_ids=torch.tensor([want]), use_cache=False).logits[0, -1].argmax()))
+    assert aviatorc.Session(result).generate(PROMPT, NEW, eos_token_id=()).tolist() == want

@@ -63,6 +63,7 @@ def decode_step_class() -> type[torch.nn.Module]:
         def __init__(self, inner: torch.nn.Module) -> None:
             super().__init__()
             self.inner = inner
+            self.position_offset = position_offset(inner)
 
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                     *past_kv: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -73,12 +74,28 @@ def decode_step_class() -> type[torch.nn.Module]:
             cache = DynamicCache()
             for layer in range(cfg.num_hidden_layers):
                 cache.update(past_kv[2 * layer], past_kv[2 * layer + 1], layer)
+            if self.position_offset:
+                position_ids = position_ids + self.position_offset
             out = self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              cache=cache, use_cache=True)
             present = [t for layer in cache.layers for t in (layer.keys, layer.values)]  # type: ignore[union-attr]
             return (out.logits, *present)
 
     return DecodeStep
+
+
+def position_offset(model: Any) -> int:
+    """Where the model's learned positions start. RoBERTa's family (CamemBERT, XLM-RoBERTa,
+    Data2Vec-text, ...) numbers them from padding_idx + 1, as its `create_position_ids_from_input_ids`
+    does when no position ids are given; the runtime's position ids count from 0."""
+    import torch
+
+    for module in model.modules():
+        table = getattr(module, "position_embeddings", None)
+        padding = getattr(module, "padding_idx", None)
+        if isinstance(table, torch.nn.Embedding) and table.padding_idx is not None and padding is not None:
+            return int(padding) + 1
+    return 0
 
 
 def cache_shapes(model: Any) -> list[tuple[int, int]]:
