@@ -55,7 +55,7 @@ TINY: dict[str, Any] = {
     "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 128, "n_inner": 128, "d_model": 64, "ffn_dim": 128,
     "num_layers": 2, "n_ctx": 128, "decoder_layers": 2, "decoder_attention_heads": 4, "decoder_ffn_dim": 128,
     "encoder_layers": 2, "encoder_attention_heads": 4, "encoder_ffn_dim": 128, "n_heads": 4, "d_ff": 128,
-    "word_embed_proj_dim": 64, "embedding_size": 64, "max_seq_len": 128, "seq_length": 128,
+    "word_embed_proj_dim": 64, "embedding_size": 64, "max_seq_len": 128, "seq_length": 128, "dff": 128,
     # mixtures of experts, kept small
     "num_local_experts": 4, "num_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
     "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "n_group": 1, "topk_group": 1,
@@ -297,20 +297,35 @@ def causal_lm_types() -> list[str]:
     return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
+MEMORY_CAP = 12 << 30  # address space of one type's child: a family the tiny config does not shrink stops there
+
+
+def _cap_memory() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
+
+
 def run_child(model_type: str, timeout_s: float) -> dict[str, Any]:
-    """`--one TYPE` in a child process (a hang or crash there stays there)."""
+    """`--one TYPE` in a child process (a hang or crash there stays there; so does a model too large
+    to build: the child's address space is capped, so it cannot take the machine's memory)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                TRANSFORMERS_VERBOSITY="error", PYTHONWARNINGS="ignore")
     start = time.perf_counter()
     try:
         out = subprocess.run([sys.executable, __file__, "--one", model_type], capture_output=True, text=True,
-                             timeout=timeout_s, env=env)
+                             timeout=timeout_s, env=env, preexec_fn=_cap_memory)
     except subprocess.TimeoutExpired:
         return {"model_type": model_type, "kind": "?", "seconds": timeout_s,
                 "sources": {s: _result("timeout", f"the type took more than {timeout_s:.0f} s") for s in SOURCES}}
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
         tail = " ".join(out.stderr.strip().splitlines()[-1:])[:300]
+        if out.returncode == -9 or "MemoryError" in out.stderr or "DefaultCPUAllocator" in out.stderr:
+            return {"model_type": model_type, "kind": "?", "seconds": round(time.perf_counter() - start, 1),
+                    "sources": {s: _result("upstream", f"the tiny config still builds a model past the census's "
+                                                       f"{MEMORY_CAP >> 30} GiB cap: sizes of this family it does "
+                                                       "not shrink") for s in SOURCES}}
         return {"model_type": model_type, "kind": "?", "seconds": round(time.perf_counter() - start, 1),
                 "sources": {s: _result("internal", f"the census child died ({out.returncode}): {tail}")
                             for s in SOURCES}}
