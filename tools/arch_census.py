@@ -85,6 +85,9 @@ def tiny_config(model_type: str) -> Any:
     default = cls()
     known = set(default.to_dict()) | set(getattr(cls, "attribute_map", {}) or {})
     fields = {k: v for k, v in TINY.items() if k in known}
+    if "kv_lora_rank" in fields:  # latent attention: rotary over the rope part, and as many K/V heads as queries
+        fields.update({k: fields[v] for k, v in (("head_dim", "qk_rope_head_dim"),
+                                                  ("num_key_value_heads", "num_attention_heads")) if k in fields})
     layers = getattr(default, "num_hidden_layers", None)
     for key, value in default.to_dict().items():  # per-layer lists follow the 2 layers
         if isinstance(value, list) and isinstance(layers, int) and len(value) == layers and layers != 2:
