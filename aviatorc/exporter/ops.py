@@ -122,7 +122,8 @@ def weight_shape(node: Node) -> tuple[int, int]:
 Converter = Callable[[OnnxBuilder, Node], None]
 CONVERTERS: dict[str, Converter] = {}
 # Ops that need an opset above BASE_OPSET.
-MIN_OPSET: dict[str, int] = {"RMSNormalization": 23, "Attention": 23}
+MIN_OPSET: dict[str, int] = {"RMSNormalization": 23, "Attention": 23, "BitwiseAnd": 18, "BitwiseOr": 18,
+                             "BitwiseXor": 18}
 
 
 def converts(*ops: str) -> Callable[[Converter], Converter]:
@@ -154,7 +155,7 @@ def _emit_same(b: OnnxBuilder, node: Node, attrs: dict[str, Any], inputs: list[s
     b.opset = max(b.opset, MIN_OPSET.get(node.op, BASE_OPSET))
 
 
-@converts("Abs", "Add", "And", "ArgMax", "ArgMin", "Ceil", "Clip", "Concat", "Cos", "CumSum", "Div", "Equal",
+@converts("Abs", "Add", "And", "ArgMax", "ArgMin", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Ceil", "Clip", "Concat", "Cos", "CumSum", "Div", "Equal",
           "Erf", "Exp", "Expand", "Flatten", "Floor", "Gather", "GatherElements", "GatherND", "Gelu",
           "Greater", "GreaterOrEqual", "Identity", "IsInf", "IsNaN", "LayerNormalization", "LeakyRelu", "Less",
           "LessOrEqual", "Log", "LogSoftmax", "MatMul", "Max", "Min", "Mod", "Mul", "Neg", "Not", "Or", "Pad",

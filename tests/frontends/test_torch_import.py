@@ -270,6 +270,8 @@ def test_missing_example_inputs():
     lambda x: torch.arange(x.shape[1]).float() * x,
     lambda x: torch.ones_like(x).masked_fill(x < 0, 3.0) + torch.full((1, 16), 2.0),
     lambda x: x.reshape(8, 8).view_as(x) + x.reshape(2, 32).reshape_as(x),  # BEAM's view_as
+    # integer bit flags, as CPM-Ant builds its attention mask from them (found by tools/arch_census.py)
+    lambda x: x * (((x > 0).long() * 6 & 5) | ((x < 1).long() ^ 3)).float(),
 ])
 def test_op_conversions_match_eager(fn):
     class Fn(nn.Module):

@@ -224,8 +224,9 @@ for _key, _op, _neg in [("aten.eq", "Equal", False), ("aten.ne", "Equal", True),
 def _logical(op: str, bitwise: bool) -> Any:
     def convert(cx: Lowering, node: Any) -> Value:
         x, y = _operands(cx)
-        if bitwise and cx.out_dtype() != "bool":
-            raise Unsupported(f"{node.target} on integers")
+        dtype = cx.out_dtype()
+        if bitwise and dtype != "bool":  # on integers: bit by bit
+            return cx.op("Bitwise" + op, [cx.value(x, dtype), cx.value(y, dtype)])
         return cx.op(op, [cx.value(x, "bool"), cx.value(y, "bool")])
 
     return convert

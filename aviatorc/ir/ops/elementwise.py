@@ -48,7 +48,9 @@ def _binary(name: str, fn: Any, dtype: str | None = None) -> None:
     register(name, inputs=2, infer=broadcast_rule(dtype))(kernel)
 
 
-for _name, _fn in {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": _int_div}.items():
+for _name, _fn in {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": _int_div,
+                   # integers (ONNX opset 18): attention masks built from bit flags (CPM-Ant)
+                   "BitwiseAnd": np.bitwise_and, "BitwiseOr": np.bitwise_or, "BitwiseXor": np.bitwise_xor}.items():
     _binary(_name, _fn)
 for _name, _fn in {
     "Equal": np.equal, "Less": np.less, "LessOrEqual": np.less_equal,
