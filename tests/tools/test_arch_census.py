@@ -41,3 +41,11 @@ def test_a_slice_of_the_census(census):
             row["sources"].setdefault(source, {"status": "timeout", "detail": ""})
     page = census.render(rows, "test", 1.0)
     assert "| falcon_h1 | hybrid | refused: " in page and "Dense decoders working from every source: 0 of 1" in page
+
+
+def test_a_cache_with_more_than_keys_and_values_is_refused_in_one_line(census):
+    """DeepSeek-V3.2's cache layers carry an indexer: transformers refuses a plain DynamicCache,
+    which ended as an internal error (ValueError) from the module source."""
+    row = census.one("deepseek_v32", sources=("module",))
+    result = row["sources"]["module"]
+    assert result["status"] == "refused" and "does not run with a plain key/value cache" in result["detail"], result

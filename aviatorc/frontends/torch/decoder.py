@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
-from aviatorc.errors import OptionError
+from aviatorc.errors import ModelFormatError, OptionError
 
 if TYPE_CHECKING:
     import torch
@@ -113,8 +113,15 @@ def cache_shapes(model: Any) -> list[tuple[int, int]]:
     device = "meta" if exporter.parameter_device(model) == "meta" else "cpu"
     cache = DynamicCache()
     ids = torch.zeros((1, 1), dtype=torch.int64, device=device)
-    with torch.no_grad():
-        model(input_ids=ids, cache=cache, use_cache=True)
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, cache=cache, use_cache=True)
+    except Exception as error:  # noqa: BLE001 - transformers' own refusal, said as the model's
+        raise ModelFormatError(f"'{model.config.model_type}' does not run with a plain key/value cache "
+                               f"(transformers: {type(error).__name__}: {str(error).splitlines()[0][:200]})",
+                               hint="aviatorc's decode step keeps one key and one value tensor per layer; "
+                                    "caches with extra per-layer state (indexers, compressed blocks) are not "
+                                    "supported") from None
     shapes = []
     for layer in cache.layers:
         layer_any: Any = layer  # a DynamicLayer: keys and values [batch, heads, seq, width]
