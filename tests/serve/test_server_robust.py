@@ -127,16 +127,25 @@ def test_a_50mb_body_is_refused_at_once_while_health_answers(server):
         answers = []
         for content in (fifty_mb, chunks(), many_ids):  # with Content-Length, then chunked, then parsed
             start = time.monotonic()
-            response = httpx.post(server.url + "/v1/completions", content=content, timeout=30,
-                                  headers={"content-type": "application/json"})
+            try:
+                response: httpx.Response | None = httpx.post(server.url + "/v1/completions", content=content,
+                                                             timeout=30, headers={"content-type": "application/json"})
+            except httpx.RemoteProtocolError:
+                # The 413 went out while the client was still sending: closing a socket with unread
+                # data resets it, and the reset may discard the answer before the client reads it
+                # (seen once in CI: "received 0 bytes, expected 179"). The refusal still came at once.
+                response = None
             answers.append((time.monotonic() - start, response))
         time.sleep(0.2)
     finally:
         health_s = json.loads(poller.communicate("", timeout=30)[0])
     for elapsed, response in answers[:2]:
-        assert response.status_code == 413 and "--max-request-bytes" in response.json()["error"]["message"]
+        assert response is None or (response.status_code == 413
+                                    and "--max-request-bytes" in response.json()["error"]["message"])
         assert elapsed < 1.0, elapsed  # refused from the header: not after reading 50 MB
-    assert answers[2][1].status_code == 400 and "context" in answers[2][1].json()["error"]["message"]
+    assert any(response is not None for _, response in answers[:2])  # a 413 read whole at least once
+    parsed = answers[2][1]
+    assert parsed is not None and parsed.status_code == 400 and "context" in parsed.json()["error"]["message"]
     # Slack for a loaded CI machine (0.135 s seen under load): a loop blocked on the bodies stalls longer.
     assert len(health_s) >= 10 and max(health_s) < 0.5, sorted(health_s)[-3:]
     assert rss_bytes(server.process.pid) - before < 64 << 20  # the 50 MB bodies were never held
