@@ -12,7 +12,8 @@ and three sources, as a new user would try them:
   (context 64, prompt 8: within its 128 positions);
 - module: the `transformers` model built from it (random, seeded, perturbed weights, eager
   attention), compiled for `mock` at fp32; one decode step (3 new tokens after 4) against the
-  eager module within 1e-4, and up to 6 greedy tokens equal to the eager module's (both stop at
+  eager module within 1e-4 (or, where fp32 rounding of large logits exceeds that, within twice
+  the eager module's own error against its float64 copy), and up to 6 greedy tokens equal to the eager module's (both stop at
   its eos);
 - ONNX: the module exported as a decoder-with-past (`aviatorc.zoo.export_step_onnx`, dynamo,
   opset 18), compiled for `mock`; the step against onnxruntime within 1e-4, and the 6 tokens.
@@ -149,6 +150,17 @@ def one(model_type: str, sources: tuple[str, ...] = SOURCES) -> dict[str, Any]:
                 result = (_from_module if source == "module" else _from_onnx)(model, work)
             result["seconds"] = round(time.perf_counter() - start, 1)
             row["sources"][source] = result
+    return _portable(row)
+
+
+_WORK_DIR = re.compile(r"/\S*aviatorc-census-[A-Za-z0-9_]+/")
+
+
+def _portable(row: dict[str, Any]) -> dict[str, Any]:
+    """The row without the temporary folder's path in its lines (`config.json: ...`), so a rerun
+    that changes nothing rewrites nothing."""
+    for result in row["sources"].values():
+        result["detail"] = _WORK_DIR.sub("", result["detail"])
     return row
 
 
@@ -232,18 +244,42 @@ def _check(session: Any, feeds: dict[str, Any], want_logits: Any, model: Any, ag
     except Exception as error:  # noqa: BLE001
         return _result("refused" if _is_ours(error) else "internal", f"run: {_line(error)}")
     diff = float(np.max(np.abs(got - want_logits)))
+    step = f"step within {diff:.1e}"
     if not math.isfinite(diff) or diff > ATOL:
-        return _result("wrong", f"step logits differ from {against} by {diff:.3g} (> {ATOL:g})")
+        exact = _float64_logits(model)
+        ours, theirs = (float(np.max(np.abs(x - exact))) if exact is not None else math.inf for x in (got, want_logits))
+        if not ours <= max(ATOL, 2 * theirs):
+            return _result("wrong", f"step logits differ from {against} by {diff:.3g} (> {ATOL:g})")
+        step = f"step within {ours:.1e} of float64 transformers ({against}: {theirs:.1e})"
     want = _reference_tokens(model)
     if isinstance(want, str):
-        return _result("ok", f"step within {diff:.1e}; {want}")
+        return _result("ok", f"{step}; {want}")
     try:
         tokens = session.generate(PROMPT, NEW, eos_token_id=_eos(model)).tolist()
     except Exception as error:  # noqa: BLE001
         return _result("refused" if _is_ours(error) else "internal", f"generate: {_line(error)}")
     if tokens != want:
         return _result("wrong", f"generated {tokens[len(PROMPT):]}, transformers {want[len(PROMPT):]}")
-    return _result("ok", f"step within {diff:.1e}; {NEW} tokens as transformers")
+    return _result("ok", f"{step}; {NEW} tokens as transformers")
+
+
+def _float64_logits(model: Any) -> Any:
+    """The step's logits from a float64 copy of the eager model: the exact answer that both fp32
+    results round away from (large logits lose more than 1e-4 to fp32 rounding), or None where the
+    model does not run in float64."""
+    import copy
+
+    import torch
+
+    from aviatorc.frontends.torch.decoder import decode_step_class
+
+    _, tensors = _step_feeds(model)
+    try:
+        with torch.no_grad():
+            step = decode_step_class()(copy.deepcopy(model).double()).eval()
+            return step(*(t.double() if t.is_floating_point() else t for t in tensors))[0].numpy()
+    except Exception:  # noqa: BLE001 - no exact reference: the fp32 comparison stands
+        return None
 
 
 def _eos(model: Any) -> list[int]:
@@ -415,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python tools/arch_census.py" + (f" --types {' '.join(args.types)}" if args.types and not args.update
                                                else "")
     start = time.perf_counter()
-    kept = [r for r in json.loads(args.json.read_text()) if r["model_type"] not in types] if args.update else []
+    kept = [_portable(r) for r in json.loads(args.json.read_text()) if r["model_type"] not in types] if args.update else []
     rows: list[dict[str, Any]] = list(kept)
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
         futures = {pool.submit(run_child, t, args.timeout): t for t in types}

@@ -198,7 +198,8 @@ def constant_of_shape(b: OnnxBuilder, node: Node) -> None:
     _emit_same(b, node, {"value": value})
 
 
-@converts("ReduceL2", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceProd", "ReduceSum", "ReduceSumSquare")
+@converts("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceProd",
+          "ReduceSum", "ReduceSumSquare")
 def reduce(b: OnnxBuilder, node: Node) -> None:
     """Reduce* (opset 18): the IR's axes attribute becomes the axes input."""
     inputs = [b.name(v) for v in node.inputs]

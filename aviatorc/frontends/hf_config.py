@@ -408,10 +408,19 @@ def _sizes(config: dict[str, Any], config_class: type) -> dict[str, tuple[str, i
         elif name in ("head_dim", "num_key_value_heads"):
             continue  # their defaults follow the other sizes (hidden / heads, heads), not the class's
         else:
-            value, default = getattr(defaults, name, None), True
+            value, default = _default(defaults, name), True
         if isinstance(value, int) and not isinstance(value, bool):
             sizes[name] = (stored, value, default)
     return sizes
+
+
+def _default(defaults: Any, name: str) -> Any:
+    """The class default of `name`, or None where it has none to give: heterogeneous configs
+    (dots3's per-layer ones) raise rather than pick one layer's value."""
+    try:
+        return getattr(defaults, name, None)
+    except Exception:  # noqa: BLE001 - transformers' AmbiguousGlobalPerLayerAttributeError and kin
+        return None
 
 
 def warn_defaulted_sizes(config: dict[str, Any], model: Any, source: str) -> None:

@@ -148,3 +148,26 @@ def test_zoo_configs_import_shape_only(tmp_path, arch):
     assert graph.outputs[0].type.shape == ("batch", "seq", zoo.VOCAB_SIZE)
     assert graph.op_census()["Attention"] == zoo.LAYERS
     assert not any(v.data.available for v in weights(graph).values())  # no bytes behind any weight
+
+
+def test_per_layer_configs_have_no_single_default_to_warn_about():
+    """Heterogeneous configs (dots3's) raise on a per-layer attribute read globally, as
+    transformers' AmbiguousGlobalPerLayerAttributeError does (found by tools/arch_census.py as an
+    internal error): the defaulted-size warning skips such fields, and still reports the others."""
+    from transformers import LlamaConfig
+
+    from aviatorc.frontends.hf_config import defaulted_sizes
+
+    class PerLayerHeads(LlamaConfig):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.built = True
+
+        def __getattribute__(self, key):
+            if key == "num_attention_heads" and super().__getattribute__("__dict__").get("built"):
+                raise RuntimeError("'num_attention_heads' is a per-layer attribute and may vary across layers")
+            return super().__getattribute__(key)
+
+    sizes = defaulted_sizes({"model_type": "llama"}, PerLayerHeads)
+    assert "num_attention_heads" not in sizes
+    assert sizes["hidden_size"] == LlamaConfig().hidden_size

@@ -272,6 +272,8 @@ def test_missing_example_inputs():
     lambda x: x.reshape(8, 8).view_as(x) + x.reshape(2, 32).reshape_as(x),  # BEAM's view_as
     # integer bit flags, as CPM-Ant builds its attention mask from them (found by tools/arch_census.py)
     lambda x: x * (((x > 0).long() * 6 & 5) | ((x < 1).long() ^ 3)).float(),
+    # Granite's z-loss style logsumexp, with logits large enough that a plain exp overflows fp32
+    lambda x: torch.logsumexp(x * 100, dim=-1, keepdim=True) + torch.logsumexp(x, dim=0),
 ])
 def test_op_conversions_match_eager(fn):
     class Fn(nn.Module):
@@ -281,3 +283,17 @@ def test_op_conversions_match_eager(fn):
     x = torch.randn(4, 16)
     graph = import_torch(Fn(), (x,))
     assert_close(graph, Fn(), x)
+
+
+def test_pad_by_a_symbolic_size():
+    """GIT pads its image mask by the text length: the pad widths are SymInts, not numbers."""
+
+    class PadToText(nn.Module):
+        def forward(self, x, text):
+            return F.pad(x, (1, text.shape[1])) * 2 + 1
+
+    seq = torch.export.Dim("seq", max=16)
+    graph = import_torch(PadToText(), (torch.randn(2, 3), torch.randn(2, 5)),
+                         dynamic_shapes=(None, {1: seq}))
+    assert_close(graph, PadToText(), torch.randn(2, 3), torch.randn(2, 7))
+    assert_close(graph, PadToText(), torch.randn(2, 3), torch.randn(2, 2))

@@ -327,7 +327,8 @@ def _const_ints(ctx: NodeContext, index: int, what: str) -> tuple[int, ...] | No
     return tuple(int(v) for v in np.asarray(array).reshape(-1))
 
 
-@converts("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceSumSquare")
+@converts("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceSumSquare",
+          "ReduceL1", "ReduceLogSum", "ReduceLogSumExp")
 def reduce(ctx: NodeContext) -> list[Value]:
     """Reduce*: constant axes given as an input (opset 18; ReduceSum from 13) become the axes
     attribute; axes computed at run time stay an input."""

@@ -195,6 +195,7 @@ converts("aten.mean")(_reduce("ReduceMean"))
 converts("aten.sum")(_reduce("ReduceSum"))
 converts("aten.amax")(_reduce("ReduceMax"))
 converts("aten.amin")(_reduce("ReduceMin"))
+converts("aten.logsumexp")(_reduce("ReduceLogSumExp"))
 converts("aten.any")(_reduce("ReduceMax", bool_input=True))
 converts("aten.all")(_reduce("ReduceMin", bool_input=True))
 

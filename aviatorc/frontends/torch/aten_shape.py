@@ -387,11 +387,12 @@ def pad(cx: Lowering, node: Any) -> Value:
     x = cx.value(a["self"])
     rank = x.type.rank
     pairs = list(a["pad"])
-    begins, ends = [0] * rank, [0] * rank
+    begins: list[Any] = [0] * rank
+    ends: list[Any] = [0] * rank
     for k in range(len(pairs) // 2):  # torch lists (before, after) from the last dim backwards
-        begins[rank - 1 - k], ends[rank - 1 - k] = int(pairs[2 * k]), int(pairs[2 * k + 1])
+        begins[rank - 1 - k], ends[rank - 1 - k] = pairs[2 * k], pairs[2 * k + 1]
     fill = a.get("value") or 0
-    return cx.op("Pad", [x, cx.ints(begins + ends), cx.const(fill, x.type.dtype)])
+    return cx.op("Pad", [x, cx.shape_value(begins + ends), cx.const(fill, x.type.dtype)])
 
 
 # -- factories -------------------------------------------------------------------------------

@@ -152,6 +152,14 @@ def _reduce_axes(attrs: dict[str, Any], rank: int) -> tuple[int, ...] | None:
     return tuple(sorted(normalize_axis(a, rank) for a in axes))
 
 
+def _log_sum_exp(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    """log(sum(exp(x))) shifted by the maximum, so that large inputs do not overflow exp."""
+    top = np.max(x, axis=axis, keepdims=True, initial=-np.inf)  # an empty set sums to log(0)
+    top = np.where(np.isfinite(top), top, 0)  # all -inf (or an inf) passes through unshifted
+    out = np.log(np.sum(np.exp(x - top), axis=axis, keepdims=True)) + top
+    return out if keepdims else np.squeeze(out, axis=axis)
+
+
 def _reduction(name: str, fn: Any) -> None:
     def kernel(ins: list[Any], attrs: dict[str, Any]) -> list[np.ndarray]:
         x = ins[0]
@@ -177,6 +185,9 @@ for _name, _fn in {
     "ReduceSum": np.sum, "ReduceMean": np.mean, "ReduceMax": np.max, "ReduceMin": np.min, "ReduceProd": np.prod,
     "ReduceL2": lambda x, axis, keepdims: np.sqrt(np.sum(x.astype(np.float64) ** 2, axis=axis, keepdims=keepdims)),
     "ReduceSumSquare": lambda x, axis, keepdims: np.sum(x * x, axis=axis, keepdims=keepdims),
+    "ReduceL1": lambda x, axis, keepdims: np.sum(np.abs(x), axis=axis, keepdims=keepdims),
+    "ReduceLogSum": lambda x, axis, keepdims: np.log(np.sum(x, axis=axis, keepdims=keepdims)),
+    "ReduceLogSumExp": lambda x, axis, keepdims: _log_sum_exp(x, axis, keepdims),
 }.items():
     _reduction(_name, _fn)
 
