@@ -187,6 +187,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-sweep", action="store_true", help="skip the batch and context sweep (faster)")
     p.add_argument("--kv-cache", choices=KV_CACHE_CHOICES, default=DEFAULTS.kv_cache, help="where the KV cache lives")
     p.add_argument("--kv-dtype", choices=KV_DTYPE_CHOICES, default=DEFAULTS.kv_dtype, help="KV cache element type")
+    p.add_argument("--kv-recent", type=int, default=None, metavar="N",
+                   help="a bounded KV cache: keep each sequence's first --kv-sinks positions and its last N or "
+                        "more, evicting N at a time (at most sinks + 2N held; default: keep all)")
+    p.add_argument("--kv-sinks", type=int, default=DEFAULTS.kv_sinks, metavar="N",
+                   help=f"with --kv-recent: the first positions always kept (attention sinks; default {DEFAULTS.kv_sinks})")
     p.add_argument("--solver", choices=SOLVER_CHOICES, default=DEFAULTS.solver,
                    help="partitioner: greedy alone (default), or greedy then CP-SAT per layer")
     p.add_argument("--seed", type=int, default=0, help="the partitioner's random seed (the same seed and inputs "
@@ -452,7 +457,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         "print_ir_after_change": args.print_ir_after_change, "seed": args.seed, "time_limit_s": args.time_limit,
         "batch": args.batch, "context": args.context, "prompt": args.prompt, "prefetch": not args.no_prefetch,
         "ranges": not args.no_ranges, "sweep": not args.no_sweep,
-        "kv_cache": args.kv_cache, "kv_dtype": args.kv_dtype, "solver": args.solver, "chiplets": args.chiplets,
+        "kv_cache": args.kv_cache, "kv_dtype": args.kv_dtype, "kv_recent": args.kv_recent, "kv_sinks": args.kv_sinks,
+        "solver": args.solver, "chiplets": args.chiplets,
     }
     from aviatorc.plan.artifact import check_output_path
 

@@ -119,7 +119,10 @@ def plan_summary(plan: Mapping[str, Any]) -> list[str]:
         f"cold start to first token {seconds(p['cold_start_s'])}{span('cold_start_s')} (bound {seconds(bound['cold_s'])}; "
         f"{seconds(p['cold_start_naive_order_s'])} loading in name order)",
         *notes,
-        f"SRAM: KV cache {memory['kv_bytes']:,} bytes in {memory['kv_location']} ({memory['kv_dtype']}), "
+        f"SRAM: KV cache {memory['kv_bytes']:,} bytes in {memory['kv_location']} ({memory['kv_dtype']}"
+        + (f"; each sequence keeps its first {memory['kv_sinks']} and last {memory['kv_recent']:,} to "
+           f"{2 * memory['kv_recent']:,} positions"
+           if memory.get("kv_recent") else "") + "), "
         f"staging {memory['staging_bytes_per_chiplet']:,} and activations {memory['scratch_bytes_per_chiplet']:,} "
         "bytes per chiplet",
     ]
@@ -281,6 +284,7 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
     from aviatorc.partition import make_problem, partition
     from aviatorc.partition.weights import weights_from_graph
     from aviatorc.plan.check import check_plan
+    from aviatorc.plan.plan import KVWindow
     from aviatorc.plan.records import to_json
     from aviatorc.report.data import seconds
     from aviatorc.runtime.cache import find_cache
@@ -292,7 +296,9 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
     tiles = make_problem(weights, target, chiplets=allowed).tiles
     facts = model_facts(graph, tiles)
     check_model_bounds(graph, context=opts.context, prompt=opts.prompt, decoder=any(facts.kv_width.values()))
-    memory = plan_memory(facts, tiles, target, workload, chiplets=allowed, kv=opts.kv_cache, kv_dtype=opts.kv_dtype)
+    window = None if opts.kv_recent is None else KVWindow(opts.kv_sinks, opts.kv_recent)
+    memory = plan_memory(facts, tiles, target, workload, chiplets=allowed, kv=opts.kv_cache, kv_dtype=opts.kv_dtype,
+                         kv_window=window)
     estimate = estimate_plan(memory, report.data["weights"]["total_bytes"])
     _logger.info(f"KV cache {estimate.kv_bytes:,} bytes in {estimate.kv_location}; the plan streams it in about "
                  f"{estimate.instructions:,} instructions per decode step")

@@ -65,6 +65,12 @@ class CompileOptions:
     sweep: bool = True  # time per token over other batches and contexts
     kv_cache: str = "auto"  # "auto", "sram" or "lpddr"
     kv_dtype: str = "fp16"  # "fp16", "bf16" or "int8"
+    # A bounded cache for long contexts (StreamingLLM's attention sinks and recent window): each
+    # sequence keeps its first `kv_sinks` positions and its last `kv_recent` or more, the ones between
+    # evicted `kv_recent` at a time. None keeps every position. The plan sizes and times the cache at
+    # the most it holds (sinks + 2 x recent); the runtime evicts so.
+    kv_recent: int | None = None
+    kv_sinks: int = 4
     # The partitioner: "greedy", or "cpsat" (greedy, then CP-SAT per layer). Greedy by default: on the
     # scheduled plans of tools/bench_plan.py CP-SAT changed the simulated time per token by at most
     # 0.01% while taking about 10x the partition time (BENCHMARKS.md, "Does CP-SAT earn its place?").
@@ -98,6 +104,9 @@ class CompileOptions:
             raise OptionError(f"unknown partition solver '{self.solver}'", hint=f"choose one of {', '.join(SOLVER_CHOICES)}")
         if self.kv_dtype not in KV_DTYPE_CHOICES:
             raise OptionError(f"unknown KV cache type '{self.kv_dtype}'", hint=f"choose one of {', '.join(KV_DTYPE_CHOICES)}")
+        if self.kv_recent is not None and (self.kv_recent < 1 or self.kv_sinks < 0):
+            raise OptionError(f"a KV window keeps at least 1 recent position and 0 or more sinks, not "
+                              f"--kv-recent {self.kv_recent} --kv-sinks {self.kv_sinks}")
         check_cards(self.cards)
         object.__setattr__(self, "chiplets", parse_chiplets(self.chiplets))
 

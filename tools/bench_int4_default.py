@@ -23,7 +23,6 @@ Writes tools/results/bench_int4_default.json and its page, rendered from it alon
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -37,7 +36,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # see bench_quant: spin-waiting L
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_pages import describe_run, rerender, write_results  # noqa: E402
+from bench_pages import bench_main, describe_run  # noqa: E402
 from bench_quant_data import CALIBRATION_TEXT, EVAL_TEXT  # noqa: E402
 
 PAGE = Path(__file__).resolve().parent / "results" / "bench_int4_default.md"
@@ -139,15 +138,5 @@ def render(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--render", action="store_true", help="rewrite the page from the saved JSON; measure nothing")
-    args = parser.parse_args()
-    if args.render:
-        rerender(PAGE, render)
-        return
-    write_results(PAGE, measure(), render)
-
-
 if __name__ == "__main__":
-    main()
+    bench_main(PAGE, measure, render, __doc__.splitlines()[0])

@@ -54,3 +54,16 @@ def rerender(page: Path, render: Callable[[dict[str, Any]], str]) -> None:
     """Rewrite `page` from its saved JSON; nothing is measured."""
     page.write_text(render(json.loads(page.with_suffix(".json").read_text())))
     print(f"wrote {page} from {page.with_suffix('.json')}")
+
+
+def bench_main(page: Path, measure: Callable[[], dict[str, Any]], render: Callable[[dict[str, Any]], str],
+               description: str) -> None:
+    """A bench's command line: measure and write `page` and its JSON, or with --render rewrite the page."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--render", action="store_true", help="rewrite the page from the saved JSON; measure nothing")
+    if parser.parse_args().render:
+        rerender(page, render)
+    else:
+        write_results(page, measure(), render)

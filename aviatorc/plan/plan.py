@@ -57,6 +57,19 @@ class PlannedTile:
 
 
 @dataclass(frozen=True)
+class KVWindow:
+    """A bounded cache: each sequence keeps its first `sinks` positions and at least its last
+    `recent`, evicted `recent` at a time (`aviatorc.runtime.Session`), so at most sinks + 2 x recent."""
+
+    sinks: int
+    recent: int
+
+    def held(self, context: int) -> int:
+        """The most positions a sequence of `context` tokens holds."""
+        return min(context, self.sinks + 2 * self.recent)
+
+
+@dataclass(frozen=True)
 class MemoryFigures:
     """The memory plan: the KV cache, activation scratch and streamed-weight staging per chiplet."""
 
@@ -70,6 +83,19 @@ class MemoryFigures:
     staging_bytes_per_chiplet: int
     stage_chunk_bytes: int
     reserve_bytes: tuple[int, ...]
+    # A bounded cache (`--kv-recent`, `KVWindow`): each sequence keeps its first kv_sinks positions
+    # and its last kv_recent to 2 x kv_recent; kv_recent 0 keeps every position.
+    kv_sinks: int = 0
+    kv_recent: int = 0
+
+    @property
+    def kv_window(self) -> KVWindow | None:
+        return KVWindow(self.kv_sinks, self.kv_recent) if self.kv_recent else None
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.kv_sinks <= MAX_CONTEXT and 0 <= self.kv_recent <= MAX_CONTEXT):
+            raise ValueError(f"kv_sinks and kv_recent must lie in [0, {MAX_CONTEXT}], not {self.kv_sinks} and "
+                             f"{self.kv_recent}")
 
 
 @dataclass(frozen=True)

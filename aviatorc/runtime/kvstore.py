@@ -52,6 +52,12 @@ class Int8KV:
         at = (slice(None),) * self.axis + (slice(start, stop),)
         return Int8KV(self.codes[at], self.scales[at], self.axis, self.dtype)
 
+    def without(self, start: int, stop: int) -> Int8KV:
+        """Positions [start, stop) evicted (a bounded cache's middle)."""
+        head, tail = self.window(0, start), self.window(stop, self.length)
+        return Int8KV(np.concatenate([head.codes, tail.codes], axis=self.axis),
+                      np.concatenate([head.scales, tail.scales], axis=self.axis), self.axis, self.dtype)
+
     def grown(self, present: np.ndarray, length: int) -> Int8KV:
         """These `length` positions, then `present`'s positions from `length` on, quantized."""
         new = Int8KV.of(present[(slice(None),) * self.axis + (slice(length, None),)], self.axis)

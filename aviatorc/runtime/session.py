@@ -59,10 +59,16 @@ RUN_PHASE = "prefill"  # a run processes the graph's whole prompt: the prefill p
 @dataclass
 class _Sequence:
     """One sequence being generated: its KV cache (graph input name -> array, or int8 codes and
-    scales under `--kv-dtype int8`) and length."""
+    scales under `--kv-dtype int8`), the positions it holds, and the tokens it has seen (more than
+    it holds once a bounded cache has evicted some: its next position id)."""
 
     cache: dict[str, np.ndarray | Int8KV]
     length: int
+    seen: int
+
+    @property
+    def evicted(self) -> bool:
+        return self.seen != self.length
 
 
 def _dense(entry: np.ndarray | Int8KV) -> np.ndarray:
@@ -75,6 +81,13 @@ def _window(entry: np.ndarray | Int8KV, start: int, stop: int, axis: int) -> np.
     if isinstance(entry, Int8KV):
         return entry.window(start, stop)
     return entry[(slice(None),) * axis + (slice(start, stop),)]
+
+
+def _without(entry: np.ndarray | Int8KV, start: int, stop: int, axis: int) -> np.ndarray | Int8KV:
+    """A cache input with positions [start, stop) evicted."""
+    if isinstance(entry, Int8KV):
+        return entry.without(start, stop)
+    return np.concatenate([_window(entry, 0, start, axis), _window(entry, stop, entry.shape[axis], axis)], axis=axis)
 
 
 def _grown(entry: np.ndarray | Int8KV, present: np.ndarray, length: int) -> np.ndarray | Int8KV:
@@ -150,6 +163,13 @@ class Session:
         # "int8": each sequence's cache is kept as int8 codes and fp16 scales per head and token, as
         # the plan's prediction counts it (`aviatorc.runtime.kvstore`); else the graph's own arrays.
         self.kv_dtype = self.artifact.plan.memory.kv_dtype
+        # A bounded cache (`--kv-recent`): after each step a sequence keeps its first `sinks` and last
+        # `recent` positions (StreamingLLM); position ids go on counting the tokens it has seen.
+        self.kv_window = self.artifact.plan.memory.kv_window
+        if self.kv_window and self.cache is not None and not self.cache.position_ids:
+            raise NotRunnableError("the plan keeps a bounded KV cache (--kv-recent), but this graph takes no "
+                                   "position_ids, so evicting positions would move the ones after them",
+                                   file=str(self.artifact.path), hint="compile without --kv-recent")
         self._slots: dict[int, _Sequence] = {}
 
     def close(self) -> None:
@@ -231,7 +251,7 @@ class Session:
                               hint="compile with a larger --batch for more slots")
         if slot in self._slots:
             raise OptionError(f"slot {slot} is in use", hint="free it first")
-        sequence = _Sequence(self._empty_cache(), 0)
+        sequence = _Sequence(self._empty_cache(), 0, 0)
         logits = self._step(sequence, self._prompt(ids), "prefill")
         self._slots[slot] = sequence
         return logits
@@ -266,6 +286,7 @@ class Session:
             raise OptionError(f"slot {slot} holds no sequence", hint="prefill it first")
         if not 0 <= start < stop <= sequence.length:
             raise OptionError(f"positions {start}..{stop} are outside slot {slot}'s {sequence.length} tokens")
+        self._not_evicted(slot, sequence, "its cache positions are no longer its tokens' to share")
         return {pair.past: np.array(_dense(_window(sequence.cache[pair.past], start, stop, pair.axis)))
                 for pair in self._require_cache().pairs}
 
@@ -279,7 +300,7 @@ class Session:
         if {p.past for p in layout.pairs} != set(cache) or any(
                 cache[p.past].shape[p.axis] != length for p in layout.pairs):
             raise OptionError(f"a cached prefix must hold {length} positions of every cache input")
-        sequence = _Sequence({p.past: self._stored(np.array(cache[p.past]), p.axis) for p in layout.pairs}, length)
+        sequence = _Sequence({p.past: self._stored(np.array(cache[p.past]), p.axis) for p in layout.pairs}, length, length)
         logits = self._step(sequence, self._prompt(ids), "prefill")
         self._slots[slot] = sequence
         return logits
@@ -303,7 +324,7 @@ class Session:
             if slot not in self._slots:
                 raise OptionError(f"slot {slot} holds no sequence", hint="prefill it first")
         sequences = [self._slots[slot] for slot in slots]
-        if len(sequences) > 1 and self._batches(sequences) and not self._require_cache().per_token:
+        if len(sequences) > 1 and self._batches(sequences) and not self._require_cache().per_token and not self.kv_window:
             return self._batched_step(sequences, np.asarray(ids, dtype=np.int64), "prefill").reshape(
                 len(slots), len(ids[0]), -1)
         return np.stack([self.extend(slot, row) for slot, row in zip(slots, ids)])
@@ -323,9 +344,15 @@ class Session:
             raise OptionError(f"slot {slot} holds no sequence", hint="prefill it first")
         if not 0 < length <= sequence.length:
             raise OptionError(f"cannot truncate slot {slot} to {length} tokens: it holds {sequence.length}")
+        self._not_evicted(slot, sequence, "the positions to keep may be gone")
         for pair in self._require_cache().pairs:
             sequence.cache[pair.past] = _window(sequence.cache[pair.past], 0, length, pair.axis)
-        sequence.length = length
+        sequence.length = sequence.seen = length
+
+    def _not_evicted(self, slot: int, sequence: _Sequence, why: str) -> None:
+        if sequence.evicted:
+            raise OptionError(f"slot {slot} has evicted {sequence.seen - sequence.length} positions from its bounded "
+                              f"KV cache (--kv-recent): {why}", hint="compile without --kv-recent")
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -349,7 +376,7 @@ class Session:
             eos_token_id = self.eos_token_ids
         stops = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
         rng = np.random.default_rng(seed)
-        sequence = _Sequence(self._empty_cache(), 0)
+        sequence = _Sequence(self._empty_cache(), 0, 0)
         generated: list[int] = []
         started = time.perf_counter()
         first = started
@@ -409,30 +436,62 @@ class Session:
     def _step(self, sequence: _Sequence, ids: np.ndarray, phase: str, *, every_position: bool = False) -> np.ndarray:
         """Run `ids` [1, n] after `sequence`'s cache; grow the cache; the last position's logits."""
         layout = self._require_cache()
-        if layout.per_token and ids.shape[1] > 1:  # a decoder-with-past export: one token per step
+        pieces = self._pieces(sequence, ids.shape[1])
+        if len(pieces) > 1:
             self._room(sequence, ids.shape[1])
-            rows = [self._step(sequence, ids[:, i:i + 1], "decode", every_position=True) for i in range(ids.shape[1])]
+            rows = [self._step(sequence, ids[:, a:b], "decode" if layout.per_token else phase, every_position=True)
+                    for a, b in pieces]
             return np.concatenate(rows) if every_position else rows[-1][-1]
-        total = self._room(sequence, ids.shape[1])
+        self._room(sequence, ids.shape[1])
+        total = sequence.length + ids.shape[1]
         feeds: dict[str, np.ndarray] = {layout.ids: ids, **{name: _dense(e) for name, e in sequence.cache.items()}}
         if layout.attention_mask:
             feeds[layout.attention_mask] = np.ones((1, total), dtype=np.int64)
         if layout.position_ids:
-            feeds[layout.position_ids] = np.arange(sequence.length, total, dtype=np.int64)[None, :]
+            feeds[layout.position_ids] = np.arange(sequence.seen, sequence.seen + ids.shape[1], dtype=np.int64)[None, :]
         outputs = self._execute(self._check_feeds(feeds), phase)
         for pair in layout.pairs:
             sequence.cache[pair.past] = _grown(sequence.cache[pair.past], outputs[pair.present], sequence.length)
-        sequence.length = total
+        sequence.length, sequence.seen = total, sequence.seen + ids.shape[1]
+        self._evict(sequence)
         return outputs[layout.logits][0] if every_position else outputs[layout.logits][0, -1]
 
-    def _room(self, sequence: _Sequence, new: int) -> int:
-        """The sequence's length after `new` more tokens, if the plan's context holds them."""
-        total = sequence.length + new
+    def _pieces(self, sequence: _Sequence, new: int) -> list[tuple[int, int]]:
+        """The steps `new` tokens run in: one each for a decoder-with-past export; under a bounded
+        cache, cut where a position is a multiple of its window (where eviction happens), so that
+        what a token attends to does not depend on how its prompt was split into steps."""
+        if self._require_cache().per_token:
+            cuts = list(range(1, new))
+        elif self.kv_window:
+            cuts = [i for i in range(1, new) if (sequence.seen + i) % self.kv_window.recent == 0]
+        else:
+            cuts = []
+        bounds = [0, *cuts, new]
+        return list(zip(bounds, bounds[1:]))
+
+    def _evict(self, sequence: _Sequence) -> None:
+        """Under a bounded cache, evict a window's worth of positions at a time (as paged caches free
+        whole blocks): once a sequence has seen k x recent tokens it keeps its sinks and the positions
+        from (k - 1) x recent on, so it holds between sinks + recent and sinks + 2 x recent."""
+        window = self.kv_window
+        if window is None:
+            return
+        sinks = min(window.sinks, sequence.length)
+        first = sequence.seen - (sequence.length - sinks)  # the oldest position after the sinks
+        keep_from = (sequence.seen // window.recent - 1) * window.recent
+        if keep_from <= first:
+            return
+        for pair in self._require_cache().pairs:
+            sequence.cache[pair.past] = _without(sequence.cache[pair.past], sinks, sinks + keep_from - first, pair.axis)
+        sequence.length -= keep_from - first
+
+    def _room(self, sequence: _Sequence, new: int) -> None:
+        """Refuse `new` more tokens past the plan's context (the positions it was compiled for)."""
+        total = sequence.seen + new
         if total > self.context:
             raise RuntimeInputError(f"the sequence would hold {total} tokens but the plan was compiled "
                                     f"for a context of {self.context}", input=self._require_cache().ids,
                                     hint="compile with a larger --context")
-        return total
 
     def _batches(self, sequences: Sequence[_Sequence]) -> bool:
         """Whether one step can run all of `sequences`: the graph takes that batch, and either they
@@ -466,14 +525,16 @@ class Session:
             mask[:, longest:] = 1
             feeds[layout.attention_mask] = mask
         if layout.position_ids:
-            feeds[layout.position_ids] = np.array(lengths, dtype=np.int64)[:, None] + np.arange(new)[None, :]
+            seen = [s.seen for s in sequences]
+            feeds[layout.position_ids] = np.array(seen, dtype=np.int64)[:, None] + np.arange(new)[None, :]
         outputs = self._execute(self._check_feeds(feeds), phase)
         for row, (sequence, length) in enumerate(zip(sequences, lengths)):
             for pair in layout.pairs:
                 kept = [*range(length), *range(longest, longest + new)]
                 present = np.take(outputs[pair.present][row:row + 1], kept, axis=pair.axis)
                 sequence.cache[pair.past] = _grown(sequence.cache[pair.past], present, length)
-            sequence.length = length + new
+            sequence.length, sequence.seen = length + new, sequence.seen + new
+            self._evict(sequence)
         if self.stats is not None:
             self.stats.extra["batch"] = len(sequences)
         return outputs[layout.logits][:, -1] if new == 1 else outputs[layout.logits]

@@ -111,7 +111,8 @@ def bound_inputs(facts: ModelFacts, weights: Sequence[WeightSpec], target: Targe
     q_total = sum(facts.q_width.get(layer, facts.kv_width.get(layer, 0)) for layer in facts.attention.values())
     hidden = max((w.n for w in weights if w.is_embedding), default=0)
     first_output = facts.output_order[0] if facts.output_order else ""
-    return BoundInputs(kv_bytes=memory.kv.total_bytes, q_width_total=q_total, layers=len(set(facts.attention.values())),
+    return BoundInputs(kv_bytes=memory.kv.total_bytes, kv_tokens=memory.kv.tokens, q_width_total=q_total,
+                       layers=len(set(facts.attention.values())),
                        attention_kind="int8" if memory.kv.dtype == "int8" else "fp16",
                        vector_bytes_per_token=facts.vector_elements_per_token() * abpe,
                        handoff_bytes_per_token=hidden * abpe,
@@ -154,12 +155,12 @@ def _sweep_point(facts: ModelFacts, placement: Placement, weights: Sequence[Weig
     batch, context = load.batch, load.context
     try:
         trial = plan_memory(facts, placement.tiles, target, load, chiplets=allowed, kv="lpddr",
-                            kv_dtype=memory.kv.dtype)
+                            kv_dtype=memory.kv.dtype, kv_window=memory.kv.window)
     except InfeasibleError as error:  # this point's activations or staging do not fit beside the weights
         return SweepPoint(batch, context, False, error.message)
     if memory.kv.location == "sram" and trial.kv.total_bytes <= memory.kv.total_bytes:
         trial = plan_memory(facts, placement.tiles, target, load, chiplets=allowed, kv="sram",
-                            kv_dtype=memory.kv.dtype)
+                            kv_dtype=memory.kv.dtype, kv_window=memory.kv.window)
     trial = kv_beside_weights(trial, placement, facts, target)
     sram = target.chiplet.sram_bytes
     if any(held + reserve > sram for held, reserve in zip(placement.chiplet_bytes, trial.reserve_bytes, strict=True)):

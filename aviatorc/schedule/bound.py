@@ -41,7 +41,8 @@ from aviatorc.target import Target
 class BoundInputs:
     """What the bound reads off the model (`aviatorc.schedule.model.ModelFacts` has it all)."""
 
-    kv_bytes: int  # the whole cache at the workload's batch and context
+    kv_bytes: int  # the whole cache at the workload's batch and the positions each sequence holds
+    kv_tokens: int  # the positions each sequence holds, which a decode step attends to
     q_width_total: int  # sum over layers of heads x head dim (attention reads K and V per query head group)
     layers: int  # transformer layers (with attention): each pays the per-layer latency
     attention_kind: str  # the format attention runs at (the KV cache's: "fp16" or "int8")
@@ -52,7 +53,7 @@ class BoundInputs:
 
 def physical_bound(weights: Sequence[WeightSpec], target: Target, workload: Workload, model: BoundInputs, *,
                    chiplets: Sequence[int]) -> BoundFigures:
-    b, t, p = workload.batch, workload.context, workload.prompt
+    b, p = workload.batch, workload.prompt
     stored = [w for w in weights if w.storage_bytes > 0]
     cards = _cards_by_size(target, chiplets)
     channels = len({target.channel_of(c) for c in chiplets})
@@ -89,7 +90,7 @@ def physical_bound(weights: Sequence[WeightSpec], target: Target, workload: Work
         return max(make[k].values()), make[k], k
 
     decode = {k: terms(k, b, b, sum(read_bytes(w, b) for w in stored), model.kv_bytes,
-                       4.0 * b * t * model.q_width_total) for k in range(1, len(cards) + 1)}
+                       4.0 * b * model.kv_tokens * model.q_width_total) for k in range(1, len(cards) + 1)}
     prefill = {k: terms(k, b * p, b, sum(read_bytes(w, b * p) for w in stored), 0.0,
                         2.0 * b * p * p * model.q_width_total) for k in range(1, len(cards) + 1)}
     token_s, token_terms, k_token = best(decode)

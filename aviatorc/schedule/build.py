@@ -152,7 +152,7 @@ class _Builder:
     def kv_written_bytes(self, layer: int) -> int:
         """The K and V of this program's tokens in one layer, as the cache stores them."""
         kv = self.memory.kv
-        per_token = kv.bytes_per_layer.get(layer, 0) / max(1, self.workload.batch * self.workload.context)
+        per_token = kv.bytes_per_layer.get(layer, 0) / max(1, self.workload.batch * kv.tokens)
         return math.ceil(per_token * self.tokens)
 
     # -- emission ------------------------------------------------------------------------
@@ -257,14 +257,14 @@ class _Builder:
         in_sram = kv.location == "sram" and layer in kv.bytes_per_layer
         if self.phase == "prefill":
             # A chunk of c tokens attends to the prompt before it: on average half of it (causal).
-            context = max(1, self.workload.prompt // 2)
+            context = max(1, min(self.workload.prompt // 2, kv.tokens))
             flops = 4 * self.tokens * context * q_width
             bufs = (f"kv.{layer}",) if in_sram else ()
             self._compute(home, layer, node=node.name, bufs=bufs, flops=flops, bytes=written if in_sram else 0,
                           vector_bytes=0, kind=kind, part=None)
             self._write_back(home, layer, written, in_sram)
             return
-        flops = 4 * self.workload.batch * self.workload.context * q_width
+        flops = 4 * self.workload.batch * kv.tokens * q_width
         nbytes = kv.bytes_per_layer.get(layer, 0)
         if kv.location == "sram" or nbytes == 0:
             bufs = (f"kv.{layer}",) if nbytes else ()

@@ -3,8 +3,10 @@
 Sized from the model and the workload, before partitioning, so the partitioner places weights
 in what is really left (`reserve_bytes`, one figure per chiplet):
 
-- KV cache: layers x (K + V width per token) x context x batch x bytes per element (2 for a
-  16-bit cache; 1 plus a 2-byte scale per head and token for INT8). In SRAM when it takes at
+- KV cache: layers x (K + V width per token) x positions held x batch x bytes per element (2
+  for a 16-bit cache; 1 plus a 2-byte scale per head and token for INT8). A sequence holds its
+  whole context, or under a `KVWindow` (StreamingLLM's attention sinks plus a recent window) its
+  first `sinks` and last `recent` positions: the cache, and the attention over it, stop growing. In SRAM when it takes at
   most `KV_SRAM_SHARE` of the machine's SRAM (`kv="auto"`), spread over the allowed chiplets
   one layer at a time; otherwise it stays in LPDDR and each decode step streams it in chunks.
   A KV block held in SRAM costs the same per byte as a resident weight (both are read once per
@@ -33,7 +35,7 @@ from aviatorc.errors import InfeasibleError, OptionError
 from aviatorc.partition.placement import Placement
 from aviatorc.partition.tiling import Tile
 from aviatorc.plan.ir import Workload
-from aviatorc.plan.plan import MemoryFigures
+from aviatorc.plan.plan import KVWindow, MemoryFigures
 from aviatorc.schedule.model import ModelFacts
 from aviatorc.target import Target
 
@@ -52,9 +54,11 @@ class KVPlan:
 
     dtype: str
     location: str  # "sram" or "lpddr"
-    bytes_per_layer: dict[int, int]  # at the workload's batch x context
+    bytes_per_layer: dict[int, int]  # at the workload's batch x positions held
     chiplet_of_layer: dict[int, int]  # the chiplet holding (sram) or reading (lpddr) the layer's cache
     chunk_bytes: int  # lpddr: bytes per streamed chunk
+    tokens: int  # positions each sequence holds: the context, or what its window keeps
+    window: KVWindow | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -71,11 +75,13 @@ class MemoryPlan:
     reserve_bytes: tuple[int, ...]  # per chiplet of the machine: held back from weights
 
     def describe(self) -> MemoryFigures:
+        window = self.kv.window
         return MemoryFigures(kv_dtype=self.kv.dtype, kv_location=self.kv.location, kv_bytes=self.kv.total_bytes,
                              kv_chunk_bytes=self.kv.chunk_bytes, kv_layer_chiplets=dict(self.kv.chiplet_of_layer),
                              scratch_bytes_per_chiplet=self.scratch_bytes,
                              prefill_chunk_tokens=self.prefill_chunk_tokens, staging_bytes_per_chiplet=self.staging_bytes,
-                             stage_chunk_bytes=self.stage_chunk_bytes, reserve_bytes=tuple(self.reserve_bytes))
+                             stage_chunk_bytes=self.stage_chunk_bytes, reserve_bytes=tuple(self.reserve_bytes),
+                             kv_sinks=window.sinks if window else 0, kv_recent=window.recent if window else 0)
 
 
 def kv_bytes_per_token(width: int, dtype: str) -> float:
@@ -87,7 +93,8 @@ def kv_bytes_per_token(width: int, dtype: str) -> float:
 
 
 def plan_memory(facts: ModelFacts, tiles: Sequence[Tile], target: Target, workload: Workload, *,
-                chiplets: Sequence[int], kv: str = "auto", kv_dtype: str = "fp16") -> MemoryPlan:
+                chiplets: Sequence[int], kv: str = "auto", kv_dtype: str = "fp16",
+                kv_window: KVWindow | None = None) -> MemoryPlan:
     if kv not in KV_MODES:
         raise OptionError(f"unknown KV placement '{kv}'", hint=f"choose one of {', '.join(KV_MODES)}")
     if workload.batch < 1 or workload.context < 0 or workload.prompt < 1:
@@ -103,7 +110,8 @@ def plan_memory(facts: ModelFacts, tiles: Sequence[Tile], target: Target, worklo
     # A chunk is at least one matrix-unit-wide strip of the deepest weight, so any tile can be cut to it.
     narrowest = max((t.format.storage_bytes(t.k, min(t.n, target.matrix_unit_n)) for t in tiles), default=0)
     stage_chunk = max(1, narrowest, min(largest_tile, int(STAGE_CHUNK_SHARE * target.chiplet.sram_bytes)))
-    per_layer = {layer: math.ceil(kv_bytes_per_token(width, kv_dtype) * workload.context * workload.batch)
+    held = kv_window.held(workload.context) if kv_window else workload.context
+    per_layer = {layer: math.ceil(kv_bytes_per_token(width, kv_dtype) * held * workload.batch)
                  for layer, width in sorted(facts.kv_width.items()) if width}
     total_kv = sum(per_layer.values())
     sram_total = target.chiplet.sram_bytes * len(chiplets)
@@ -125,7 +133,7 @@ def plan_memory(facts: ModelFacts, tiles: Sequence[Tile], target: Target, worklo
                 f"({_mib(scratch)}) and weight staging ({_mib(staging)}) but has {_mib(target.chiplet.sram_bytes)} SRAM",
                 file=target.source, hint="keep the KV cache in LPDDR (kv='lpddr'), use an INT8 KV cache, "
                 "a smaller batch or context, or more cards")
-    kv_plan = KVPlan(kv_dtype, location, per_layer, owners, kv_chunk)
+    kv_plan = KVPlan(kv_dtype, location, per_layer, owners, kv_chunk, held, kv_window)
     return MemoryPlan(kv=kv_plan, scratch_bytes=scratch, prefill_chunk_tokens=chunk, staging_bytes=staging,
                       stage_chunk_bytes=stage_chunk,
                       reserve_bytes=tuple(reserve))

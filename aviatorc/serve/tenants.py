@@ -105,6 +105,11 @@ def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Regist
                                   f"'{name}' for '{target}'", file=options.draft, hint="compile both for one target")
             speculator = Speculator(session, DraftModel(draft, session), options.num_speculative_tokens, metrics)
             drafts_chiplets = frozenset(draft.artifact.plan.chiplets)
+        if session.kv_window and (speculator or options.prefix_cache_tokens != 0):
+            raise OptionError(f"'{name}' keeps a bounded KV cache (--kv-recent {session.kv_window.recent}), but "
+                              "speculative decoding and prefix caching need every position of a sequence",
+                              file=spec.artifact, hint="serve it without --speculative-method and "
+                              "--enable-prefix-caching, or compile it without --kv-recent")
         try:
             prefix_cache = None if options.prefix_cache_tokens == 0 else PrefixCache(
                 session, capacity_tokens=options.prefix_cache_tokens or session.num_slots * session.context)
