@@ -49,7 +49,7 @@ from aviatorc.ir.types import format_shape, numpy_dtype
 from aviatorc.plan.artifact import Artifact, load
 from aviatorc.runtime.cache import CacheLayout, find_cache, static_reason
 from aviatorc.runtime.errors import NotRunnableError, RuntimeInputError
-from aviatorc.runtime.kvstore import Int8KV
+from aviatorc.runtime.kvstore import DenseKV, Int8KV, KVEntry
 from aviatorc.runtime.sampling import check_sampling, sample
 from aviatorc.target import Target
 
@@ -62,37 +62,13 @@ class _Sequence:
     scales under `--kv-dtype int8`), the positions it holds, and the tokens it has seen (more than
     it holds once a bounded cache has evicted some: its next position id)."""
 
-    cache: dict[str, np.ndarray | Int8KV]
+    cache: dict[str, KVEntry]
     length: int
     seen: int
 
     @property
     def evicted(self) -> bool:
         return self.seen != self.length
-
-
-def _dense(entry: np.ndarray | Int8KV) -> np.ndarray:
-    return entry.dense() if isinstance(entry, Int8KV) else entry
-
-
-def _window(entry: np.ndarray | Int8KV, start: int, stop: int, axis: int) -> np.ndarray | Int8KV:
-    """Positions [start, stop) of a cache input along its sequence axis: a view, not a copy (a
-    rollback keeps the first positions by length; the steps after never write into them)."""
-    if isinstance(entry, Int8KV):
-        return entry.window(start, stop)
-    return entry[(slice(None),) * axis + (slice(start, stop),)]
-
-
-def _without(entry: np.ndarray | Int8KV, start: int, stop: int, axis: int) -> np.ndarray | Int8KV:
-    """A cache input with positions [start, stop) evicted."""
-    if isinstance(entry, Int8KV):
-        return entry.without(start, stop)
-    return np.concatenate([_window(entry, 0, start, axis), _window(entry, stop, entry.shape[axis], axis)], axis=axis)
-
-
-def _grown(entry: np.ndarray | Int8KV, present: np.ndarray, length: int) -> np.ndarray | Int8KV:
-    """What a sequence keeps after a step whose cache output is `present` (its first `length` positions the past)."""
-    return entry.grown(present, length) if isinstance(entry, Int8KV) else present
 
 
 @runtime_checkable
@@ -287,7 +263,7 @@ class Session:
         if not 0 <= start < stop <= sequence.length:
             raise OptionError(f"positions {start}..{stop} are outside slot {slot}'s {sequence.length} tokens")
         self._not_evicted(slot, sequence, "its cache positions are no longer its tokens' to share")
-        return {pair.past: np.array(_dense(_window(sequence.cache[pair.past], start, stop, pair.axis)))
+        return {pair.past: np.array(sequence.cache[pair.past].window(start, stop).dense())
                 for pair in self._require_cache().pairs}
 
     def resume(self, slot: int, cache: Mapping[str, np.ndarray], length: int, ids: Any) -> np.ndarray:
@@ -346,7 +322,7 @@ class Session:
             raise OptionError(f"cannot truncate slot {slot} to {length} tokens: it holds {sequence.length}")
         self._not_evicted(slot, sequence, "the positions to keep may be gone")
         for pair in self._require_cache().pairs:
-            sequence.cache[pair.past] = _window(sequence.cache[pair.past], 0, length, pair.axis)
+            sequence.cache[pair.past] = sequence.cache[pair.past].window(0, length)
         sequence.length = sequence.seen = length
 
     def _not_evicted(self, slot: int, sequence: _Sequence, why: str) -> None:
@@ -413,20 +389,20 @@ class Session:
                                     input="input_ids")
         return array.astype(np.int64)[None, :]
 
-    def _empty_cache(self) -> dict[str, np.ndarray | Int8KV]:
+    def _empty_cache(self) -> dict[str, KVEntry]:
         layout = self._require_cache()
         types = {v.name: v.type for v in self.graph.inputs}
-        cache: dict[str, np.ndarray | Int8KV] = {}
+        cache: dict[str, KVEntry] = {}
         for pair in layout.pairs:
             shape = [0 if i == pair.axis else (d if isinstance(d, int) else 1)
                      for i, d in enumerate(types[pair.past].shape)]
             cache[pair.past] = self._stored(np.zeros(shape, dtype=numpy_dtype(types[pair.past].dtype)), pair.axis)
         return cache
 
-    def _stored(self, array: np.ndarray, axis: int) -> np.ndarray | Int8KV:
+    def _stored(self, array: np.ndarray, axis: int) -> KVEntry:
         """A cache input as this session keeps it (see `kv_dtype`)."""
         if self.kv_dtype != "int8":
-            return array
+            return DenseKV(array, axis)
         if axis == array.ndim - 1:
             raise NotRunnableError("an int8 KV cache keeps one scale per head and token, but this graph's cache "
                                    f"has its sequence axis last ({array.ndim - 1})", file=str(self.artifact.path),
@@ -444,14 +420,14 @@ class Session:
             return np.concatenate(rows) if every_position else rows[-1][-1]
         self._room(sequence, ids.shape[1])
         total = sequence.length + ids.shape[1]
-        feeds: dict[str, np.ndarray] = {layout.ids: ids, **{name: _dense(e) for name, e in sequence.cache.items()}}
+        feeds: dict[str, np.ndarray] = {layout.ids: ids, **{name: e.dense() for name, e in sequence.cache.items()}}
         if layout.attention_mask:
             feeds[layout.attention_mask] = np.ones((1, total), dtype=np.int64)
         if layout.position_ids:
             feeds[layout.position_ids] = np.arange(sequence.seen, sequence.seen + ids.shape[1], dtype=np.int64)[None, :]
         outputs = self._execute(self._check_feeds(feeds), phase)
         for pair in layout.pairs:
-            sequence.cache[pair.past] = _grown(sequence.cache[pair.past], outputs[pair.present], sequence.length)
+            sequence.cache[pair.past] = sequence.cache[pair.past].grown(outputs[pair.present], sequence.length)
         sequence.length, sequence.seen = total, sequence.seen + ids.shape[1]
         self._evict(sequence)
         return outputs[layout.logits][0] if every_position else outputs[layout.logits][0, -1]
@@ -482,7 +458,7 @@ class Session:
         if keep_from <= first:
             return
         for pair in self._require_cache().pairs:
-            sequence.cache[pair.past] = _without(sequence.cache[pair.past], sinks, sinks + keep_from - first, pair.axis)
+            sequence.cache[pair.past] = sequence.cache[pair.past].without(sinks, sinks + keep_from - first)
         sequence.length -= keep_from - first
 
     def _room(self, sequence: _Sequence, new: int) -> None:
@@ -517,7 +493,7 @@ class Session:
         longest = max(lengths)
         feeds: dict[str, np.ndarray] = {layout.ids: ids}
         for pair in layout.pairs:
-            feeds[pair.past] = _pad_stack([_dense(s.cache[pair.past]) for s in sequences], pair.axis, longest)
+            feeds[pair.past] = _pad_stack([s.cache[pair.past].dense() for s in sequences], pair.axis, longest)
         if layout.attention_mask:
             mask = np.zeros((len(sequences), longest + new), dtype=np.int64)
             for row, length in enumerate(lengths):
@@ -532,7 +508,7 @@ class Session:
             for pair in layout.pairs:
                 kept = [*range(length), *range(longest, longest + new)]
                 present = np.take(outputs[pair.present][row:row + 1], kept, axis=pair.axis)
-                sequence.cache[pair.past] = _grown(sequence.cache[pair.past], present, length)
+                sequence.cache[pair.past] = sequence.cache[pair.past].grown(present, length)
             sequence.length, sequence.seen = length + new, sequence.seen + new
             self._evict(sequence)
         if self.stats is not None:

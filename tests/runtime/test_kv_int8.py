@@ -141,10 +141,10 @@ def test_truncate_rolls_back_by_length_and_copies_nothing(sessions, kv):
     session = sessions[kv]
     prompt = PROMPTS[0]
     session.prefill(0, prompt)
-    before = {name: (e.codes if isinstance(e, Int8KV) else e) for name, e in session._slots[0].cache.items()}
+    before = {name: (e.codes if isinstance(e, Int8KV) else e.array) for name, e in session._slots[0].cache.items()}
     session.truncate(0, 5)
     for name, entry in session._slots[0].cache.items():
-        kept = entry.codes if isinstance(entry, Int8KV) else entry
+        kept = entry.codes if isinstance(entry, Int8KV) else entry.array
         assert np.shares_memory(kept, before[name]) and kept.shape != before[name].shape
     got = session.extend(0, [11, 12])
     session.free(0)
