@@ -101,7 +101,7 @@ def perplexity(logits_SV: np.ndarray, ids: list[int]) -> float:
 def render(data: dict[str, Any]) -> str:
     rows = data["rows"]
     ref = rows[0]
-    lines = ["# bench_int4_default: INT4 without calibration data on SmolLM2-135M", "",
+    lines = ["# bench_int4_default: INT4 on SmolLM2-135M, without and with calibration data", "",
              f"Produced by `python tools/bench_int4_default.py`; run: {data['run']}. SmolLM2-135M-Instruct from its "
              "GGUF file compiled by `aviatorc.compile` for `corsair` (context 1024) and run on the sim device "
              "(`aviatorc.Session`). Greedy: 8 new tokens for each of 5 prompts, matched token for token with the FP16 "

@@ -21,6 +21,7 @@ ORDER = [
     ("bench_quant_smollm2", "python tools/bench_quant.py --only smollm2"),
     ("bench_defaults", "python tools/bench_defaults.py"),
     ("bench_int4_default", "python tools/bench_int4_default.py"),
+    ("bench_kv_window", "python tools/bench_kv_window.py"),
     ("bench_partition", "python tools/bench_partition.py"),
     ("bench_plan", "python tools/bench_plan.py"),
     ("bench_claims", "python tools/bench_claims.py"),

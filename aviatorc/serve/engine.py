@@ -333,7 +333,7 @@ class Engine:
         if slot is None:
             raise RuntimeError(f"request {request.arrival} was admitted without a slot")
         ids = np.array(request.prompt + request.generated, dtype=np.int64)
-        done = len(ids) - request._prefill_left if request._prefill_left else 0
+        done = len(ids) - request._prefill_left  # admission sets it to all of ids: 0 done
         try:
             stop, computed, logits = await asyncio.to_thread(self._prefill_now, slot, ids, done, budget, first)
         except Exception as error:  # noqa: BLE001 - this request's own failure ends it alone

@@ -3,7 +3,10 @@
 - `BodyLimits`, an ASGI middleware: a request body larger than `max_request_bytes` is refused
   with 413 before any of it is parsed (at once when `Content-Length` says so, otherwise as soon
   as the bytes read pass the limit); a body whose next bytes take longer than `read_timeout_s`
-  is refused with 408. It also counts the requests in flight, so the drain knows when every
+  is refused with 408. The 413's head goes out at once; the rest of the body is then read and
+  dropped (at most `DRAIN_BYTES`, for at most `DRAIN_S`) before the answer ends, since closing a
+  connection with unread bytes resets it, and the reset can destroy the answer before the client
+  reads it. It also counts the requests in flight, so the drain knows when every
   response has been sent.
 - `head_timeout_protocol`: uvicorn's h11 protocol with a deadline for a request's head. uvicorn
   times out only idle keep-alive connections; a client that sends one header byte every few
@@ -24,6 +27,9 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+DRAIN_BYTES = 256 << 20  # of a refused body, read and dropped so that the client reads the refusal
+DRAIN_S = 5.0
 
 
 def error_bytes(status: int, message: str, kind: str = "invalid_request_error") -> bytes:
@@ -58,7 +64,7 @@ class BodyLimits:
                 await _respond(send, 400, "the Content-Length header is not a number")
                 return
             if int(declared) > self.max_request_bytes:
-                await _respond(send, 413, self._too_large(f"{int(declared)} bytes"))
+                await _respond(send, 413, self._too_large(f"{int(declared)} bytes"), drain=receive)
                 return
         body = bytearray()
         while True:
@@ -71,7 +77,9 @@ class BodyLimits:
                 return
             body += message.get("body", b"")
             if len(body) > self.max_request_bytes:
-                await _respond(send, 413, self._too_large(f"more than {self.max_request_bytes} bytes"))
+                more = message.get("more_body", False)
+                await _respond(send, 413, self._too_large(f"more than {self.max_request_bytes} bytes"),
+                               drain=receive if more else None)
                 return
             if not message.get("more_body", False):
                 break
@@ -90,13 +98,33 @@ class BodyLimits:
         return f"the request body has {size}; this server takes at most {self.max_request_bytes} (--max-request-bytes)"
 
 
-async def _respond(send: Send, status: int, message: str) -> None:
+async def _respond(send: Send, status: int, message: str, *, drain: Receive | None = None) -> None:
+    """An error answer that closes the connection; with `drain`, what the client still sends of its
+    body is read and dropped between the answer's head and its end (see the module docstring)."""
     kind = "invalid_request_error" if status != 408 else "timeout_error"
     body = error_bytes(status, message, kind)
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})  # the rest of the body is not worth reading
+                            (b"connection", b"close")]})
+    if drain is not None:
+        await _drain(drain)
     await send({"type": "http.response.body", "body": body})
+
+
+async def _drain(receive: Receive) -> None:
+    """Read and drop request body bytes until the body ends, DRAIN_BYTES or DRAIN_S."""
+    loop = asyncio.get_running_loop()
+    deadline, dropped = loop.time() + DRAIN_S, 0
+    while dropped < DRAIN_BYTES:
+        try:
+            message = await asyncio.wait_for(receive(), deadline - loop.time())
+        except TimeoutError:
+            return
+        if message["type"] != "http.request":
+            return
+        dropped += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
 
 
 def head_timeout_protocol(read_timeout_s: float) -> type:
