@@ -190,7 +190,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-recent", type=int, default=None, metavar="N",
                    help="a bounded KV cache: keep each sequence's first --kv-sinks positions and its last N or "
                         "more, evicting N at a time (at most sinks + 2N held; default: keep all)")
-    p.add_argument("--kv-sinks", type=int, default=DEFAULTS.kv_sinks, metavar="N",
+    p.add_argument("--kv-sinks", type=int, default=None, metavar="N",
                    help=f"with --kv-recent: the first positions always kept (attention sinks; default {DEFAULTS.kv_sinks})")
     p.add_argument("--solver", choices=SOLVER_CHOICES, default=DEFAULTS.solver,
                    help="partitioner: greedy alone (default), or greedy then CP-SAT per layer")
@@ -437,6 +437,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from aviatorc.compiler import load_calibration_npz
 
     console = _console()
+    if args.kv_sinks is not None and args.kv_recent is None:
+        raise OptionError("--kv-sinks bounds nothing without --kv-recent", hint="add --kv-recent N")
     # Progress goes to logging (drawn on stderr by `aviatorc.terminal`); --print-ir-after-change
     # prints the IR to stdout (no `log` callback is given).
     calibration = load_calibration_npz(args.calibration) if args.calibration else None
@@ -457,7 +459,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         "print_ir_after_change": args.print_ir_after_change, "seed": args.seed, "time_limit_s": args.time_limit,
         "batch": args.batch, "context": args.context, "prompt": args.prompt, "prefetch": not args.no_prefetch,
         "ranges": not args.no_ranges, "sweep": not args.no_sweep,
-        "kv_cache": args.kv_cache, "kv_dtype": args.kv_dtype, "kv_recent": args.kv_recent, "kv_sinks": args.kv_sinks,
+        "kv_cache": args.kv_cache, "kv_dtype": args.kv_dtype, "kv_recent": args.kv_recent,
+        "kv_sinks": DEFAULTS.kv_sinks if args.kv_sinks is None else args.kv_sinks,
         "solver": args.solver, "chiplets": args.chiplets,
     }
     from aviatorc.plan.artifact import check_output_path

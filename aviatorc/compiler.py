@@ -296,6 +296,10 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
     tiles = make_problem(weights, target, chiplets=allowed).tiles
     facts = model_facts(graph, tiles)
     check_model_bounds(graph, context=opts.context, prompt=opts.prompt, decoder=any(facts.kv_width.values()))
+    layout = find_cache(graph)
+    if opts.kv_recent is not None and layout is not None and not layout.position_ids:
+        raise OptionError("--kv-recent evicts cache positions, but this graph takes no position_ids, so the "
+                          "positions after an evicted one would move", hint="compile without --kv-recent")
     window = None if opts.kv_recent is None else KVWindow(opts.kv_sinks, opts.kv_recent)
     memory = plan_memory(facts, tiles, target, workload, chiplets=allowed, kv=opts.kv_cache, kv_dtype=opts.kv_dtype,
                          kv_window=window)
@@ -316,7 +320,6 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
                         ranges=opts.ranges, sweep=opts.sweep, max_context=_max_positions(graph),
                         target_sha256=hashlib.sha256(target.to_toml().encode()).hexdigest())
         check_plan(plan, target)  # independent of the scheduler: a failure here is an aviatorc bug
-    layout = find_cache(graph)
     if layout is not None and layout.per_token:
         steps_s = workload.prompt * plan.prediction.time_per_token_s
         note = (f"prefill is per token: the graph takes one new token per step (input_ids [batch, 1]), so a prompt "

@@ -291,3 +291,17 @@ def test_the_report_says_why_a_sweep_point_does_not_fit_and_how_to_get_accuracy(
     assert ("accuracy: not measured; compile with --quant (or --sparsity) and --calibration FILE.npz, or a decoder with "
             "--calibration-text FILE.txt: the figures are measured on held-out batches against the unquantized model") in out
     assert "the bound's largest term" in out and "set by " in out
+
+
+def test_a_bounded_kv_cache_plans_a_context_no_full_cache_fits(tiny_config, tmp_path, capsys) -> None:
+    """The context above needs 381.5 GiB of KV cache; a window of 4 + 1024 (at most 2,052 positions
+    held) plans it. --kv-sinks alone bounds nothing and is refused."""
+    assert cli.main(["compile", str(tiny_config), "--kv-sinks", "8", "-o", str(tmp_path / "a.avc")]) == 1
+    assert capsys.readouterr().err == ("aviatorc: error: --kv-sinks bounds nothing without --kv-recent; add "
+                                       "--kv-recent N\n")
+    assert cli.main(["compile", str(tiny_config), "--context", "16000000", "--batch", "100", "--kv-recent", "1024",
+                     "--no-sweep", "--no-ranges", "-q", "-o", str(tmp_path / "b.avc")]) == 0
+    from aviatorc import load
+
+    memory = load(tmp_path / "b.avc").plan.memory
+    assert (memory.kv_sinks, memory.kv_recent) == (4, 1024) and memory.kv_bytes < (381 << 30) / 7000

@@ -121,6 +121,14 @@ class Session:
         self.target: Target = self.artifact.target()  # from the bytes load() hashed, not the file again
         self.program = self.artifact.programs[RUN_PHASE]
         self.weights = WeightStore(self.artifact, self.graph)
+        self.cache: CacheLayout | None = find_cache(self.graph)
+        # A bounded cache (`--kv-recent`, StreamingLLM's sinks and recent window; see `_evict`):
+        # position ids go on counting the tokens a sequence has seen.
+        self.kv_window = self.artifact.plan.memory.kv_window
+        if self.kv_window and self.cache is not None and not self.cache.position_ids:
+            raise NotRunnableError("the plan keeps a bounded KV cache (--kv-recent), but this graph takes no "
+                                   "position_ids, so evicting positions would move the ones after them",
+                                   file=str(self.artifact.path), hint="compile without --kv-recent")
         backend = backend_class(device)  # CudaBackend refuses to build without a GPU (NotRunnableError)
         # Every program's backend now: one whose held buffers overflow the SRAM is refused here.
         self._backends: dict[str, Backend] = {
@@ -135,17 +143,9 @@ class Session:
         self._backend = self._backends[RUN_PHASE]
         self._predicted: dict[str, float] | None = None
         self.stats: RunStats | None = None
-        self.cache: CacheLayout | None = find_cache(self.graph)
         # "int8": each sequence's cache is kept as int8 codes and fp16 scales per head and token, as
         # the plan's prediction counts it (`aviatorc.runtime.kvstore`); else the graph's own arrays.
         self.kv_dtype = self.artifact.plan.memory.kv_dtype
-        # A bounded cache (`--kv-recent`): after each step a sequence keeps its first `sinks` and last
-        # `recent` positions (StreamingLLM); position ids go on counting the tokens it has seen.
-        self.kv_window = self.artifact.plan.memory.kv_window
-        if self.kv_window and self.cache is not None and not self.cache.position_ids:
-            raise NotRunnableError("the plan keeps a bounded KV cache (--kv-recent), but this graph takes no "
-                                   "position_ids, so evicting positions would move the ones after them",
-                                   file=str(self.artifact.path), hint="compile without --kv-recent")
         self._slots: dict[int, _Sequence] = {}
 
     def close(self) -> None:
@@ -227,7 +227,7 @@ class Session:
                               hint="compile with a larger --batch for more slots")
         if slot in self._slots:
             raise OptionError(f"slot {slot} is in use", hint="free it first")
-        sequence = _Sequence(self._empty_cache(), 0, 0)
+        sequence = _Sequence(self._empty_cache(), length=0, seen=0)
         logits = self._step(sequence, self._prompt(ids), "prefill")
         self._slots[slot] = sequence
         return logits
@@ -276,7 +276,7 @@ class Session:
         if {p.past for p in layout.pairs} != set(cache) or any(
                 cache[p.past].shape[p.axis] != length for p in layout.pairs):
             raise OptionError(f"a cached prefix must hold {length} positions of every cache input")
-        sequence = _Sequence({p.past: self._stored(np.array(cache[p.past]), p.axis) for p in layout.pairs}, length, length)
+        sequence = _Sequence({p.past: self._stored(np.array(cache[p.past]), p.axis) for p in layout.pairs}, length=length, seen=length)
         logits = self._step(sequence, self._prompt(ids), "prefill")
         self._slots[slot] = sequence
         return logits
@@ -352,7 +352,7 @@ class Session:
             eos_token_id = self.eos_token_ids
         stops = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
         rng = np.random.default_rng(seed)
-        sequence = _Sequence(self._empty_cache(), 0, 0)
+        sequence = _Sequence(self._empty_cache(), length=0, seen=0)
         generated: list[int] = []
         started = time.perf_counter()
         first = started
@@ -465,7 +465,7 @@ class Session:
         """Refuse `new` more tokens past the plan's context (the positions it was compiled for)."""
         total = sequence.seen + new
         if total > self.context:
-            raise RuntimeInputError(f"the sequence would hold {total} tokens but the plan was compiled "
+            raise RuntimeInputError(f"the sequence would reach {total} tokens but the plan was compiled "
                                     f"for a context of {self.context}", input=self._require_cache().ids,
                                     hint="compile with a larger --context")
 

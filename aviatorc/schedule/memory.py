@@ -110,8 +110,8 @@ def plan_memory(facts: ModelFacts, tiles: Sequence[Tile], target: Target, worklo
     # A chunk is at least one matrix-unit-wide strip of the deepest weight, so any tile can be cut to it.
     narrowest = max((t.format.storage_bytes(t.k, min(t.n, target.matrix_unit_n)) for t in tiles), default=0)
     stage_chunk = max(1, narrowest, min(largest_tile, int(STAGE_CHUNK_SHARE * target.chiplet.sram_bytes)))
-    held = kv_window.held(workload.context) if kv_window else workload.context
-    per_layer = {layer: math.ceil(kv_bytes_per_token(width, kv_dtype) * held * workload.batch)
+    held_tokens = kv_window.held(workload.context) if kv_window else workload.context
+    per_layer = {layer: math.ceil(kv_bytes_per_token(width, kv_dtype) * held_tokens * workload.batch)
                  for layer, width in sorted(facts.kv_width.items()) if width}
     total_kv = sum(per_layer.values())
     sram_total = target.chiplet.sram_bytes * len(chiplets)
@@ -132,8 +132,9 @@ def plan_memory(facts: ModelFacts, tiles: Sequence[Tile], target: Target, worklo
                 f"chiplet {c} needs {_mib(reserve[c])} for the KV cache ({_mib(held)}), activations "
                 f"({_mib(scratch)}) and weight staging ({_mib(staging)}) but has {_mib(target.chiplet.sram_bytes)} SRAM",
                 file=target.source, hint="keep the KV cache in LPDDR (kv='lpddr'), use an INT8 KV cache, "
-                "a smaller batch or context, or more cards")
-    kv_plan = KVPlan(kv_dtype, location, per_layer, owners, kv_chunk, held, kv_window)
+                "a bounded one (--kv-recent), a smaller batch or context, or more cards")
+    kv_plan = KVPlan(dtype=kv_dtype, location=location, bytes_per_layer=per_layer, chiplet_of_layer=owners,
+                     chunk_bytes=kv_chunk, tokens=held_tokens, window=kv_window)
     return MemoryPlan(kv=kv_plan, scratch_bytes=scratch, prefill_chunk_tokens=chunk, staging_bytes=staging,
                       stage_chunk_bytes=stage_chunk,
                       reserve_bytes=tuple(reserve))

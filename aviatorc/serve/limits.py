@@ -58,13 +58,16 @@ class BodyLimits:
             self.in_flight -= 1
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        declared = dict(scope["headers"]).get(b"content-length")
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length")
         if declared is not None:
             if not declared.isdigit():
                 await _respond(send, 400, "the Content-Length header is not a number")
                 return
             if int(declared) > self.max_request_bytes:
-                await _respond(send, 413, self._too_large(f"{int(declared)} bytes"), drain=receive)
+                # A client waiting for "100 Continue" never sends the body: nothing to drain.
+                waits = headers.get(b"expect", b"").lower() == b"100-continue"
+                await _respond(send, 413, self._too_large(f"{int(declared)} bytes"), drain=None if waits else receive)
                 return
         body = bytearray()
         while True:

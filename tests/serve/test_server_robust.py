@@ -138,7 +138,7 @@ def test_a_50mb_body_is_refused_at_once_while_health_answers(server):
         health_s = json.loads(poller.communicate("", timeout=30)[0])
     for elapsed, response in answers[:2]:
         assert response.status_code == 413 and "--max-request-bytes" in response.json()["error"]["message"]
-        assert elapsed < 1.0, elapsed  # refused from the header: not after parsing 50 MB
+        assert elapsed < 2.0, elapsed  # the upload and the drop of 50 MB, never parsed (the head's time: below)
     parsed = answers[2][1]
     assert parsed.status_code == 400 and "context" in parsed.json()["error"]["message"]
     # Slack for a loaded CI machine (0.135 s seen under load): a loop blocked on the bodies stalls longer.
@@ -225,9 +225,9 @@ def test_serve_without_its_extra_says_what_to_install(artifacts):
 
 
 def test_a_refusal_sent_mid_upload_is_read_whole(server):
-    """The 413 goes out from the header while the client is still sending. The server must read and
-    drop the rest before closing: closing on unread bytes resets the connection, and the client then
-    fails to send or loses the answer. A raw client that pauses mid-body, so the answer is out first."""
+    """The 413 goes out from the header, within 0.5 s, while the client is still sending. The server
+    must read and drop the rest before closing: closing on unread bytes resets the connection, and
+    the client then fails to send or loses the answer. A raw client that pauses mid-body for it."""
     import socket
     from urllib.parse import urlsplit
 
@@ -237,11 +237,30 @@ def test_a_refusal_sent_mid_upload_is_read_whole(server):
         client.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                        b"content-length: %d\r\n\r\n" % size)
         client.sendall(b"[" * (1 << 20))
-        time.sleep(0.5)  # the server has answered from the header by now
+        client.settimeout(0.5)
+        answer = client.recv(65536)  # the answer's head, before the body is sent
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+        client.settimeout(30)
         client.sendall(b"[" * (size - (1 << 20)))
-        answer = b""
         while chunk := client.recv(65536):
             answer += chunk
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 413"), answer[:200]
     assert "--max-request-bytes" in json.loads(body)["error"]["message"]
+
+
+def test_a_client_waiting_for_100_continue_gets_its_refusal_whole_at_once(server):
+    """curl asks `Expect: 100-continue` before a large upload and sends nothing until answered: the
+    413 must end at once, not after waiting to drain a body that never comes."""
+    import socket
+    from urllib.parse import urlsplit
+
+    url = urlsplit(server.url)
+    with socket.create_connection((url.hostname, url.port), timeout=30) as client:
+        client.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                       b"expect: 100-continue\r\ncontent-length: %d\r\n\r\n" % (24 << 20))
+        client.settimeout(1.0)
+        answer = b""
+        while chunk := client.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 413") and b"--max-request-bytes" in answer, answer[:200]

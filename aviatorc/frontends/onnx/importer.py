@@ -438,7 +438,8 @@ class Builder:
             names = [n if n else self.fresh(f"{ctx.name}/unused{i}") for i, n in enumerate(onnx_outs)]
             names += [self.fresh(f"{ctx.name}/out{i}") for i in range(len(names), num_outputs)]
             hints = [self.hints.get(n) for n in onnx_outs]
-            node_name = ctx.name
+            # The ONNX node's name; a second node making its later outputs (Dropout's mask) is suffixed.
+            node_name = ctx.name if output_index == 0 else self.fresh(f"{ctx.name}/{suffix}")
         else:
             names = [self.fresh(f"{ctx.name}/{suffix}")] + [
                 self.fresh(f"{ctx.name}/{suffix}{i}") for i in range(1, num_outputs)

@@ -153,10 +153,13 @@ def _reduce_axes(attrs: dict[str, Any], rank: int) -> tuple[int, ...] | None:
 
 
 def _log_sum_exp(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
-    """log(sum(exp(x))) shifted by the maximum, so that large inputs do not overflow exp."""
+    """log(sum(exp(x))) in float64, shifted by the maximum so that large inputs do not overflow exp
+    (the caller casts back to x's type)."""
+    x = x.astype(np.float64)
     top = np.max(x, axis=axis, keepdims=True, initial=-np.inf)  # an empty set sums to log(0)
     top = np.where(np.isfinite(top), top, 0)  # all -inf (or an inf) passes through unshifted
-    out = np.log(np.sum(np.exp(x - top), axis=axis, keepdims=True)) + top
+    with np.errstate(divide="ignore"):  # log(0) = -inf is the answer for all -inf and empty
+        out = np.log(np.sum(np.exp(x - top), axis=axis, keepdims=True)) + top
     return out if keepdims else np.squeeze(out, axis=axis)
 
 
