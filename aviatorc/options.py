@@ -104,11 +104,9 @@ class CompileOptions:
             raise OptionError(f"unknown partition solver '{self.solver}'", hint=f"choose one of {', '.join(SOLVER_CHOICES)}")
         if self.kv_dtype not in KV_DTYPE_CHOICES:
             raise OptionError(f"unknown KV cache type '{self.kv_dtype}'", hint=f"choose one of {', '.join(KV_DTYPE_CHOICES)}")
-        from aviatorc.plan.plan import MAX_CONTEXT  # a plan that could not load again is refused here
-
-        if self.kv_recent is not None and not (1 <= self.kv_recent <= MAX_CONTEXT and 0 <= self.kv_sinks <= MAX_CONTEXT):
-            raise OptionError(f"a KV window keeps 1 to {MAX_CONTEXT:,} recent positions and 0 to {MAX_CONTEXT:,} "
-                              f"sinks, not --kv-recent {self.kv_recent} --kv-sinks {self.kv_sinks}",
+        if self.kv_recent is not None and not (1 <= self.kv_recent <= self.context and 0 <= self.kv_sinks <= self.context):
+            raise OptionError(f"a KV window keeps 1 to {self.context:,} recent positions (the context) and 0 to "
+                              f"{self.context:,} sinks, not --kv-recent {self.kv_recent} --kv-sinks {self.kv_sinks}",
                               hint="for example --kv-recent 1024 --kv-sinks 4")
         check_cards(self.cards)
         object.__setattr__(self, "chiplets", parse_chiplets(self.chiplets))
