@@ -25,7 +25,8 @@ from aviatorc.plan.records import from_json, to_json
 if TYPE_CHECKING:
     from aviatorc.target import Target
 
-PLAN_SCHEMA_VERSION = 2
+PLAN_SCHEMA_VERSION = 3  # 3: memory.kv_sinks and memory.kv_recent (a bounded KV cache)
+READABLE_PLAN_SCHEMAS = (2, 3)  # a version-2 plan keeps every KV position: those fields default to 0
 
 
 @dataclass(frozen=True)
@@ -246,9 +247,12 @@ class Plan:
         if not isinstance(data, dict):
             raise ModelFormatError(f"{where} must hold a JSON object")
         version = data.get("schema_version")
-        if version != PLAN_SCHEMA_VERSION:
+        if version not in READABLE_PLAN_SCHEMAS:
             raise ModelFormatError(f"{where}: schema version {version!r} is not supported (this aviatorc reads "
-                                   f"{PLAN_SCHEMA_VERSION}; recompile the model)")
+                                   f"{' and '.join(map(str, READABLE_PLAN_SCHEMAS))}; recompile the model)")
+        if version == 2 and isinstance(data.get("memory"), dict) and {"kv_sinks", "kv_recent"} & set(data["memory"]):
+            raise ModelFormatError(f"{where}: memory.kv_sinks and memory.kv_recent are schema version 3 fields, "
+                                   "not version 2's")
         expected = {"schema_version", "target", "workload", "chiplets", "prefetch", "weights", "tiles", "memory",
                     "tables", "programs", "cold_start", "prediction", "notes", "tensor_dtypes"}
         missing = sorted(expected - set(data))

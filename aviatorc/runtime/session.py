@@ -439,7 +439,8 @@ class Session:
         if self._require_cache().per_token:
             cuts = list(range(1, new))
         elif self.kv_window:
-            cuts = [i for i in range(1, new) if (sequence.seen + i) % self.kv_window.recent == 0]
+            recent = self.kv_window.recent
+            cuts = list(range(recent - sequence.seen % recent, new, recent))
         else:
             cuts = []
         bounds = [0, *cuts, new]

@@ -5,10 +5,10 @@ in what is really left (`reserve_bytes`, one figure per chiplet):
 
 - KV cache: layers x (K + V width per token) x positions held x batch x bytes per element (2
   for a 16-bit cache; 1 plus a 2-byte scale per head and token for INT8). A sequence holds its
-  whole context, or under a `KVWindow` (StreamingLLM's attention sinks plus a recent window) its
-  first `sinks` and last `recent` positions: the cache, and the attention over it, stop growing. In SRAM when it takes at
-  most `KV_SRAM_SHARE` of the machine's SRAM (`kv="auto"`), spread over the allowed chiplets
-  one layer at a time; otherwise it stays in LPDDR and each decode step streams it in chunks.
+  whole context, or under a `KVWindow` (StreamingLLM's attention sinks plus a recent window) at
+  most `sinks` + 2 x `recent`: the cache, and the attention over it, stop growing. In SRAM when
+  it takes at most `KV_SRAM_SHARE` of the machine's SRAM (`kv="auto"`), spread over the allowed
+  chiplets one layer at a time; otherwise it stays in LPDDR and each decode step streams it in chunks.
   A KV block held in SRAM costs the same per byte as a resident weight (both are read once per
   step), so which of the two stays is a wash in the bound; auto keeps small caches on chip.
 - Activation scratch: the peak of live activation bytes over the node order (a value lives

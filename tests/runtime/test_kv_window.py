@@ -125,16 +125,25 @@ def test_the_plan_sizes_and_times_the_window(model):
     assert (bounded.memory.kv_sinks, bounded.memory.kv_recent) == (SINKS, RECENT)
 
 
-def test_a_window_is_checked_where_it_enters(windowed, tmp_path):
-    with pytest.raises(OptionError, match="kv-recent"):
-        aviatorc.compile(zoo.build_model("llama").inner.eval(), target="mock", kv_recent=0)
-    path = windowed.artifact.path
-    plan = json.loads((path / "plan.json").read_text())
-    plan["memory"]["kv_recent"] = -3
+def test_a_window_is_checked_where_it_enters(windowed):
+    """Options and the plan loader refuse bad windows; plan.json's schema is 3, and a version-2 plan
+    (from before the window's fields) still loads as keeping every position."""
     from aviatorc.plan.plan import Plan
 
+    with pytest.raises(OptionError, match="kv-recent"):
+        aviatorc.compile(zoo.build_model("llama").inner.eval(), target="mock", kv_recent=0)
+    plan = json.loads((windowed.artifact.path / "plan.json").read_text())
+    assert plan["schema_version"] == 3 and Plan.from_dict(plan).memory.kv_window.recent == RECENT
     with pytest.raises(ModelFormatError, match="kv_recent"):
-        Plan.from_dict(plan)
+        Plan.from_dict(plan | {"memory": plan["memory"] | {"kv_recent": -3}})
+    with pytest.raises(ModelFormatError, match="version 3 fields"):
+        Plan.from_dict(plan | {"schema_version": 2})
+    older = plan | {"schema_version": 2,
+                    "memory": {k: v for k, v in plan["memory"].items() if k not in ("kv_sinks", "kv_recent")}}
+    assert Plan.from_dict(older).memory.kv_window is None
+    for version in (1, 4, True, "3"):
+        with pytest.raises(ModelFormatError, match="schema version"):
+            Plan.from_dict(plan | {"schema_version": version})
 
 
 def test_the_engine_serves_a_bounded_cache_and_the_server_refuses_what_needs_every_position(windowed):
