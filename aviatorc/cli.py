@@ -32,6 +32,7 @@ from aviatorc.options import (
     CALIBRATION_METHODS,
     KV_CACHE_CHOICES,
     KV_DTYPE_CHOICES,
+    PREFILL_CHOICES,
     QUANT_CHOICES,
     SOLVER_CHOICES,
     SPARSITY_CHOICES,
@@ -192,6 +193,9 @@ def _parser() -> argparse.ArgumentParser:
                         "more, evicting N at a time (at most sinks + 2N held; default: keep all)")
     p.add_argument("--kv-sinks", type=int, default=None, metavar="N",
                    help=f"with --kv-recent: the first positions always kept (attention sinks; default {DEFAULTS.kv_sinks})")
+    p.add_argument("--prefill", choices=PREFILL_CHOICES, default=DEFAULTS.prefill,
+                   help="prefill schedule: stationary streams each weight once per pass over the prompt "
+                        "(default); chunked re-streams the weights per chunk and leaves the decode step more SRAM")
     p.add_argument("--solver", choices=SOLVER_CHOICES, default=DEFAULTS.solver,
                    help="partitioner: greedy alone (default), or greedy then CP-SAT per layer")
     p.add_argument("--seed", type=int, default=0, help="the partitioner's random seed (the same seed and inputs "
@@ -461,7 +465,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         "ranges": not args.no_ranges, "sweep": not args.no_sweep,
         "kv_cache": args.kv_cache, "kv_dtype": args.kv_dtype, "kv_recent": args.kv_recent,
         "kv_sinks": DEFAULTS.kv_sinks if args.kv_sinks is None else args.kv_sinks,
-        "solver": args.solver, "chiplets": args.chiplets,
+        "solver": args.solver, "chiplets": args.chiplets, "prefill": args.prefill,
     }
     from aviatorc.plan.artifact import check_output_path
 

@@ -123,9 +123,20 @@ def plan_summary(plan: Mapping[str, Any]) -> list[str]:
         + (f"; each sequence keeps its first {memory['kv_sinks']} and last {memory['kv_recent']:,} to "
            f"{2 * memory['kv_recent']:,} positions"
            if memory.get("kv_recent") else "") + "), "
-        f"staging {memory['staging_bytes_per_chiplet']:,} and activations {memory['scratch_bytes_per_chiplet']:,} "
-        "bytes per chiplet",
+        f"staging {memory['staging_bytes_per_chiplet']:,} "
+        + (f"(prefill {memory['prefill_staging_bytes_per_chiplet']:,}) "
+           if memory.get("prefill_staging_bytes_per_chiplet", 0) > memory['staging_bytes_per_chiplet'] else "")
+        + f"and activations {memory['scratch_bytes_per_chiplet']:,} bytes per chiplet",
+        f"prefill: {_prefill_schedule(p['prefill'], memory)}",
     ]
+
+
+def _prefill_schedule(prefill: dict[str, Any], memory: dict[str, Any]) -> str:
+    passes, tokens = prefill.get("chunks", 1), prefill.get("chunk_tokens", 0)
+    if memory.get("prefill_block_tokens"):
+        return (f"weight-stationary, {passes} pass(es) of {tokens:,} tokens, each streaming the weights once "
+                f"(blocks of {memory['prefill_block_tokens']:,} tokens)")
+    return f"chunked, {passes} chunk(s) of {tokens:,} tokens, each streaming the weights again"
 
 
 @dataclass
@@ -302,7 +313,7 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
                           "positions after an evicted one would move", hint="compile without --kv-recent")
     window = None if opts.kv_recent is None else KVWindow(opts.kv_sinks, opts.kv_recent)
     memory = plan_memory(facts, tiles, target, workload, chiplets=allowed, kv=opts.kv_cache, kv_dtype=opts.kv_dtype,
-                         kv_window=window)
+                         kv_window=window, prefill=opts.prefill)
     estimate = estimate_plan(memory, report.data["weights"]["total_bytes"])
     _logger.info(f"KV cache {estimate.kv_bytes:,} bytes in {estimate.kv_location}; the plan streams it in about "
                  f"{estimate.instructions:,} instructions per decode step")

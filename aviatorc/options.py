@@ -28,6 +28,7 @@ ACTIVATION_METHODS = ("minmax", "percentile")
 KV_CACHE_CHOICES = ("auto", "sram", "lpddr")
 KV_DTYPE_CHOICES = ("fp16", "bf16", "int8")
 SOLVER_CHOICES = ("cpsat", "greedy")
+PREFILL_CHOICES = ("stationary", "chunked")  # aviatorc.schedule.memory.PREFILL_SCHEDULES
 DEFAULT_GROUP_SIZE = 32  # int4 and MX when group_size is None; int8 stays per output channel
 
 
@@ -75,6 +76,10 @@ class CompileOptions:
     # scheduled plans of tools/bench_plan.py CP-SAT changed the simulated time per token by at most
     # 0.01% while taking about 10x the partition time (BENCHMARKS.md, "Does CP-SAT earn its place?").
     solver: str = "greedy"
+    # The prefill schedule: "stationary" streams each weight once per pass over the prompt (its
+    # SRAM for a layer's staged tiles and the pass's hand-off comes from the weights, so a decode
+    # step streams a little more); "chunked" re-streams every weight per chunk, as main did.
+    prefill: str = "stationary"
     # Confine the placement to these chiplets (resident tiles and compute), so that models can
     # share a server in isolation: "0-7,12" (--chiplets), range(0, 8) or a tuple; None: all.
     chiplets: tuple[int, ...] | None = None
@@ -102,6 +107,8 @@ class CompileOptions:
                               hint=f"choose one of {', '.join(KV_CACHE_CHOICES)}")
         if self.solver not in SOLVER_CHOICES:
             raise OptionError(f"unknown partition solver '{self.solver}'", hint=f"choose one of {', '.join(SOLVER_CHOICES)}")
+        if self.prefill not in PREFILL_CHOICES:
+            raise OptionError(f"unknown prefill schedule '{self.prefill}'", hint=f"choose one of {', '.join(PREFILL_CHOICES)}")
         if self.kv_dtype not in KV_DTYPE_CHOICES:
             raise OptionError(f"unknown KV cache type '{self.kv_dtype}'", hint=f"choose one of {', '.join(KV_DTYPE_CHOICES)}")
         if self.kv_recent is not None and not (1 <= self.kv_recent <= self.context and 0 <= self.kv_sinks <= self.context):

@@ -18,6 +18,10 @@ What each instruction does (`aviatorc.plan.ir` defines the plan IR):
   then they are assembled (columns concatenated in order, row partials summed), and all of
   the node's parts in the program must be there by then.
 - `send V to=D` / `recv V src=S`: V is a value, or a part of one; its array moves.
+- A weight-stationary prefill names each token block's values `V@b`: here a block's value is the
+  whole value (every block's compute of a node gives the same array, so a node computed once on a
+  chiplet is not computed again there): the blocks' transfers and staging are checked as they
+  run, at no extra arithmetic (a value a later block reads is already there from the first).
 - `load` / `wait` / `free`: a staging buffer's life, checked as it runs.
 - `store` / `host`: nothing to compute (the session keeps the KV cache and samples).
 
@@ -75,6 +79,7 @@ from aviatorc.plan.ir import (
     Store,
     ValueRef,
     Wait,
+    block_of,
     format_instr,
 )
 
@@ -207,6 +212,7 @@ class _Run(StreamInterpreter):
         self.ops = Counter[str]()
         # A replaying backend's run walks the program without computing: the tape is what it records.
         self.tape: list[_Op] | None = [] if backend.replay else None
+        self.computed: set[tuple[int, str, Part | None]] = set()  # a node's values are the same in every block
 
     def _rule_fault(self, rule: str, message: str, c: int, step: int) -> RuntimeFault:
         return self.b.fault(c, step, rule, message)
@@ -309,20 +315,27 @@ class _Run(StreamInterpreter):
 
     # -- values --------------------------------------------------------------------------
 
+    def _graph_name(self, name: str) -> str:
+        """A block's value as the whole value it computes (`V@b` is V), unless the graph names it so."""
+        graph_name, block = block_of(name)
+        return graph_name if block is not None and not self._known(name) else name
+
     def _bind(self, c: int, label: ValueRef, slot: int) -> None:
+        name = self._graph_name(label.name)
         if label.part is not None:
-            self.chiplets[c].parts.setdefault(label.name, {})[label.part] = slot
+            self.chiplets[c].parts.setdefault(name, {})[label.part] = slot
         else:
-            self.chiplets[c].values[label.name] = slot
+            self.chiplets[c].values[name] = slot
 
     def _store(self, c: int, label: ValueRef, array: np.ndarray) -> None:
         """A value or part that arrived from outside the run (another process) onto chiplet c."""
         self._bind(c, label, self._new(array))
 
     def _label_slot(self, c: int, step: int, label: ValueRef) -> int:
+        name = self._graph_name(label.name)
         if label.part is None:
-            return self._slot(c, step, label.name)
-        part = self.chiplets[c].parts.get(label.name, {}).get(label.part)
+            return self._slot(c, step, name)
+        part = self.chiplets[c].parts.get(name, {}).get(label.part)
         if part is None:
             raise self.fault(c, step, "missing-value", f"part {label.part} of '{label.name}' is not on chiplet {c}")
         return part
@@ -394,6 +407,9 @@ class _Run(StreamInterpreter):
         bufs = [self.rules.buffer(c, step, "compute", name) for name in ins.bufs]
         for b in bufs:
             self.rules.read(c, step, b, f"compute '{ins.node}'")
+        if (c, ins.node, ins.part) in self.computed:  # another block's: the same arrays
+            return
+        self.computed.add((c, ins.node, ins.part))
         node = self.b.nodes[ins.node]
         part = ins.part
         if part is not None and part.kind == "kv":

@@ -133,6 +133,18 @@ class ValueRef(NamedTuple):
 
 
 _PART_SUFFIX = re.compile(r"(.*)\[((?:cols|rows|kv):\d+:\d+)\]\Z", re.DOTALL)
+_BLOCK_SUFFIX = re.compile(r"(.*)@(\d+)\Z", re.DOTALL)
+
+
+def block_value(name: str, block: int) -> str:
+    """Value `name` as token block `block` of a prefill pass has it (`name@block`)."""
+    return f"{name}@{block}"
+
+
+def block_of(name: str) -> tuple[str, int | None]:
+    """A value's graph name and its token block (None: not a block's)."""
+    match = _BLOCK_SUFFIX.match(name)
+    return (match.group(1), int(match.group(2))) if match else (name, None)
 
 
 # -- instructions -------------------------------------------------------------------------------

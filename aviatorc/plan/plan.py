@@ -25,8 +25,10 @@ from aviatorc.plan.records import from_json, to_json
 if TYPE_CHECKING:
     from aviatorc.target import Target
 
-PLAN_SCHEMA_VERSION = 3  # 3: memory.kv_sinks and memory.kv_recent (a bounded KV cache)
-READABLE_PLAN_SCHEMAS = (2, 3)  # a version-2 plan keeps every KV position: those fields default to 0
+PLAN_SCHEMA_VERSION = 4
+READABLE_PLAN_SCHEMAS = (2, 3, 4)  # an older plan's missing fields take their defaults (FIELDS_SINCE)
+# The memory fields each version added: 3, a bounded KV cache; 4, the weight-stationary prefill.
+FIELDS_SINCE = {"kv_sinks": 3, "kv_recent": 3, "prefill_block_tokens": 4, "prefill_staging_bytes_per_chiplet": 4}
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,10 @@ class MemoryFigures:
     # and its last kv_recent to 2 x kv_recent; kv_recent 0 keeps every position.
     kv_sinks: int = 0
     kv_recent: int = 0
+    # The weight-stationary prefill (0, 0: chunked, every weight streamed again per chunk): a pass's
+    # token blocks, and the SRAM per chiplet a layer's staged tiles take while every block runs.
+    prefill_block_tokens: int = 0
+    prefill_staging_bytes_per_chiplet: int = 0
 
     @property
     def kv_window(self) -> KVWindow | None:
@@ -250,9 +256,11 @@ class Plan:
         if version not in READABLE_PLAN_SCHEMAS:
             raise ModelFormatError(f"{where}: schema version {version!r} is not supported (this aviatorc reads "
                                    f"{' and '.join(map(str, READABLE_PLAN_SCHEMAS))}; recompile the model)")
-        if version == 2 and isinstance(data.get("memory"), dict) and {"kv_sinks", "kv_recent"} & set(data["memory"]):
-            raise ModelFormatError(f"{where}: memory.kv_sinks and memory.kv_recent are schema version 3 fields, "
-                                   "not version 2's")
+        newer = sorted(f for f in data.get("memory", {}) if FIELDS_SINCE.get(f, 0) > version) \
+            if isinstance(data.get("memory"), dict) else []
+        if newer:
+            raise ModelFormatError(f"{where}: memory.{newer[0]} is a schema version {FIELDS_SINCE[newer[0]]} field, "
+                                   f"not version {version}'s")
         expected = {"schema_version", "target", "workload", "chiplets", "prefetch", "weights", "tiles", "memory",
                     "tables", "programs", "cold_start", "prediction", "notes", "tensor_dtypes"}
         missing = sorted(expected - set(data))

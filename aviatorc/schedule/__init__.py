@@ -44,7 +44,8 @@ SWEEP_BATCHES = (1, 4, 16, 64)
 SWEEP_CONTEXTS = (512, 2048, 8192, 32768)
 NOTES = ("costs modelled: matrix units per format, vector units, SRAM, LPDDR channels, links with their "
          "message overheads, the per-layer latency, KV writes, the host's per-token round trip",
-         "a prefill runs in chunks, each streaming the weights again: TTFT is chunks x one chunk's time")
+         "a weight-stationary prefill runs in passes over the prompt, each streaming the weights once: TTFT is "
+         "passes x one pass's time; its token blocks run one layer at a time, the layer's non-weight work on its home")
 
 
 def schedule(graph: Graph, placement: Placement, weights: Sequence[WeightSpec], target: Target, workload: Workload,
@@ -155,12 +156,12 @@ def _sweep_point(facts: ModelFacts, placement: Placement, weights: Sequence[Weig
     batch, context = load.batch, load.context
     try:
         trial = plan_memory(facts, placement.tiles, target, load, chiplets=allowed, kv="lpddr",
-                            kv_dtype=memory.kv.dtype, kv_window=memory.kv.window)
+                            kv_dtype=memory.kv.dtype, kv_window=memory.kv.window, prefill=memory.prefill_schedule)
     except InfeasibleError as error:  # this point's activations or staging do not fit beside the weights
         return SweepPoint(batch, context, False, error.message)
     if memory.kv.location == "sram" and trial.kv.total_bytes <= memory.kv.total_bytes:
         trial = plan_memory(facts, placement.tiles, target, load, chiplets=allowed, kv="sram",
-                            kv_dtype=memory.kv.dtype, kv_window=memory.kv.window)
+                            kv_dtype=memory.kv.dtype, kv_window=memory.kv.window, prefill=memory.prefill_schedule)
     trial = kv_beside_weights(trial, placement, facts, target)
     sram = target.chiplet.sram_bytes
     if any(held + reserve > sram for held, reserve in zip(placement.chiplet_bytes, trial.reserve_bytes, strict=True)):

@@ -25,6 +25,15 @@ Steps, for one phase (a decode step of `batch` tokens, or one prefill chunk):
    through the vector units; the target's per-layer latency flagged once per transformer layer
    (a layer with attention: the vendor's "per layer"), on its first compute.
 5. The end: the graph's first output (the logits) goes to the host (`host`), which samples.
+
+A prefill program is one pass over `prefill_chunk_tokens` of the prompt, weight-stationary: the
+nodes are walked in runs of one layer, and each run is emitted once per token block (values
+carry the block, `name@b`), so the layer's streamed tiles are loaded before its first block and
+freed after its last, on every chiplet whose share of them fits `prefill_staging_bytes` (a
+chiplet that cannot hold its share re-loads it per block). Blocks are the program's pipeline
+(block b's hand-off travels while block b + 1 computes): at most `PIPELINE_BLOCKS` of them, each a
+batch of the memory plan's blocks of `prefill_block_tokens`, which run one after another on the
+same chiplets. The output head (the logits of each sequence's last token) runs once, in the last block.
 """
 
 from __future__ import annotations
@@ -52,19 +61,26 @@ from aviatorc.plan.ir import (
     ValueRef,
     Wait,
     Workload,
+    block_value,
 )
 from aviatorc.schedule.memory import MemoryPlan
-from aviatorc.schedule.model import ModelFacts, TileUse
+from aviatorc.schedule.model import ModelFacts, TileUse, layer_runs
 from aviatorc.target import Target
 
 
 @dataclass(frozen=True)
 class _Staged:
-    """A use of a staged buffer: loaded from LPDDR `channel`, consumed by `compute`."""
+    """A use of a staged buffer: loaded from LPDDR `channel`, consumed by `compute`; its load comes
+    before its `first` use and its free after its `last` (one buffer serves every prefill block)."""
 
     buffer: Buffer
     channel: int
     compute: Compute
+    first: bool = True
+    last: bool = True
+
+
+PIPELINE_BLOCKS = 4  # a prefill pass's blocks in the program (more: finer overlap, a longer program)
 
 
 def resident_buffer(tile: int) -> str:
@@ -73,17 +89,23 @@ def resident_buffer(tile: int) -> str:
 
 def build_program(facts: ModelFacts, placement: Placement, target: Target, memory: MemoryPlan,
                   workload: Workload, phase: str, *, chiplets: Sequence[int], prefetch: bool = True) -> Program:
-    tokens = workload.tokens("decode") if phase == "decode" else memory.prefill_chunk_tokens
-    builder = _Builder(facts, placement, target, memory, workload, phase, tokens, list(chiplets))
+    blocks = 1 if phase == "decode" else min(memory.prefill_blocks, PIPELINE_BLOCKS)
+    tokens = workload.tokens("decode") if phase == "decode" else math.ceil(memory.prefill_chunk_tokens / blocks)
+    builder = _Builder(facts, placement, target, memory, workload, phase, tokens, list(chiplets), blocks)
     builder.run()
     return builder.finish(prefetch)
 
 
 class _Builder:
     def __init__(self, facts: ModelFacts, placement: Placement, target: Target, memory: MemoryPlan,
-                 workload: Workload, phase: str, tokens: int, chiplets: list[int]) -> None:
+                 workload: Workload, phase: str, tokens: int, chiplets: list[int], blocks: int = 1) -> None:
         self.facts, self.placement, self.target, self.memory = facts, placement, target, memory
         self.workload, self.phase, self.tokens, self.chiplets = workload, phase, tokens, chiplets
+        self.blocks, self.block = blocks, 0
+        # The logits of each sequence's last token: a decode step's tokens, or a prefill pass's sequences.
+        self.output_tokens = min(tokens * blocks, workload.batch)
+        self.stationary: set[int] = set()  # chiplets holding this run's streamed tiles for all its blocks
+        self.held: dict[tuple[str, int, int], Buffer] = {}  # (node, tile, column) -> its stationary buffer
         self.program = Program(phase, workload)
         self.entries: dict[int, list[Instruction | _Staged]] = {c: [] for c in chiplets}
         self.location: dict[str, int] = {}  # value -> chiplet holding it whole
@@ -141,9 +163,18 @@ class _Builder:
 
     # -- sizes ---------------------------------------------------------------------------
 
+    def key(self, name: str) -> str:
+        """A value as this block's: its name, with the block in a multi-block prefill."""
+        return block_value(name, self.block) if self.blocks > 1 else name
+
+    def runs_now(self, node: Node) -> bool:
+        """The output head runs in a prefill's last block only."""
+        return self.block == self.blocks - 1 or not any(out.name in self.facts.outputs for out in node.outputs)
+
     def value_bytes(self, value: Value | str) -> int:
-        per_token = self.facts.elements_per_token(value if isinstance(value, str) else value.name)
-        return max(1, math.ceil(per_token * self.tokens * self.target.activation_bytes_per_element))
+        name = value if isinstance(value, str) else value.name
+        tokens = self.output_tokens if name in self.facts.outputs else self.tokens
+        return max(1, math.ceil(self.facts.elements_per_token(name) * tokens * self.target.activation_bytes_per_element))
 
     def vector_bytes(self, node: Node) -> int:
         """Activation bytes a node moves through the vector units: its inputs and outputs (0 for views)."""
@@ -168,25 +199,40 @@ class _Builder:
             for layer, nbytes in sorted(self.memory.kv.bytes_per_layer.items()):
                 self.program.add_buffer(Buffer(f"kv.{layer}", self.memory.kv.chiplet_of_layer[layer], nbytes, "kv",
                                                layer=layer))
-        for node in self.facts.order:
-            if node.name in self.skipped:
-                continue
-            uses = self.facts.uses.get(node.name)
-            if uses:
-                self._weight_node(node, uses)
-            else:
-                self._plain_node(node)
+        for run in layer_runs(self.facts).runs:
+            self.stationary = self._stationary_chiplets(run) if self.blocks > 1 else set()
+            for block in range(self.blocks):
+                self.block = block
+                for node in run:
+                    if not self.runs_now(node):
+                        continue
+                    uses = self.facts.uses.get(node.name)
+                    if uses:
+                        self._weight_node(node, uses)
+                    else:
+                        self._plain_node(node)
         self._to_host()
+
+    def _stationary_chiplets(self, run: list[Node]) -> set[int]:
+        """The chiplets whose streamed tiles of this run fit their prefill staging for all blocks."""
+        need: dict[int, int] = {}
+        num_c = self.placement.num_chiplets
+        for node in run:
+            if node.op == "Gather" or not self.runs_now(node) or node.name not in self.facts.uses:
+                continue
+            for use in self.facts.uses[node.name]:
+                if self.placement.where[use.tile] >= num_c:
+                    tile, c = self.placement.tiles[use.tile], self.placement.compute_chiplet[use.tile]
+                    need[c] = need.get(c, 0) + sum(tile.format.storage_bytes(tile.k, b - a)
+                                                   for a, b in self._pieces(tile, use, streamed=True))
+        return {c for c, nbytes in need.items() if nbytes <= self.memory.prefill_staging_bytes}
 
     def _to_host(self) -> None:
         """The logits (the graph's first output) go to the host, which samples the next token."""
-        outputs = [name for name in self.facts.output_order if name in self.location]
+        outputs = [name for name in self.facts.output_order if self.key(name) in self.location]
         if outputs:
             name = outputs[0]
-            tokens = min(self.tokens, self.workload.batch)  # the last token of each sequence
-            per_token = self.facts.elements_per_token(name)
-            nbytes = max(1, math.ceil(per_token * tokens * self.target.activation_bytes_per_element))
-            self.entries[self.location[name]].append(Host(ValueRef(name), nbytes))
+            self.entries[self.location[self.key(name)]].append(Host(ValueRef(self.key(name)), self.value_bytes(name)))
 
     def _plain_node(self, node: Node) -> None:
         layer = self.facts.layer_of_node[node.name]
@@ -198,7 +244,7 @@ class _Builder:
             self._compute(home, layer, node=node.name, bufs=(), flops=0, bytes=0, vector_bytes=self.vector_bytes(node),
                           kind="fp16", part=None)
         for out in node.outputs:
-            self.location[out.name] = home
+            self.location[self.key(out.name)] = home
             self._send_to_readers(out, home)
 
     def _weight_node(self, node: Node, uses: list[TileUse]) -> None:
@@ -207,7 +253,7 @@ class _Builder:
         out = node.outputs[0]
         rows_total = max(u.stop for u in uses)
         # A prefill computes the graph's outputs (logits) for each sequence's last token only.
-        tokens = min(self.tokens, self.workload.batch) if out.name in self.facts.outputs else self.tokens
+        tokens = self.output_tokens if out.name in self.facts.outputs else self.tokens
         num_c = self.placement.num_chiplets
         for use in uses:
             tile = self.placement.tiles[use.tile]
@@ -228,15 +274,26 @@ class _Builder:
                 if w < num_c:
                     self._compute(c, layer, bufs=(resident_buffer(use.tile),), **fields)
                 else:
-                    buffer = self._staging_buffer(f"s.t{use.tile}.{start}", c, read, tile=use.tile)
-                    self.entries[c].append(_Staged(buffer, w - num_c,
-                                                   self._make_compute(c, layer, bufs=(buffer.name,), **fields)))
+                    self.entries[c].append(self._staged_tile(node, use.tile, start, c, read, w - num_c, layer, fields))
                 if c != home:
-                    label = ValueRef(out.name, part)
+                    label = ValueRef(self.key(out.name), part)
                     self.entries[c].append(Send(label, home, part_bytes))
                     self.entries[home].append(Recv(label, c, part_bytes))
-        self.location[out.name] = home
+        self.location[self.key(out.name)] = home
         self._send_to_readers(out, home)
+
+    def _staged_tile(self, node: Node, tile: int, start: int, chiplet: int, nbytes: int, channel: int, layer: int,
+                     fields: dict[str, Any]) -> _Staged:
+        """A streamed piece's use: its own buffer, or on a stationary chiplet the one buffer every
+        block of the run computes from (loaded before the first, freed after the last)."""
+        key = (node.name, tile, start)
+        held = chiplet in self.stationary and node.op != "Gather"
+        first = not held or key not in self.held
+        if first:
+            buffer = self.held[key] = self._staging_buffer(f"s.t{tile}.{start}", chiplet, nbytes, tile=tile)
+        buffer = self.held[key]
+        compute = self._make_compute(chiplet, layer, bufs=(buffer.name,), **fields)
+        return _Staged(buffer, channel, compute, first=first, last=not held or self.block == self.blocks - 1)
 
     def _pieces(self, tile: Tile, use: TileUse, *, streamed: bool) -> list[tuple[int, int]]:
         """The column ranges one use is computed in: the whole strip, or for a streamed strip
@@ -288,7 +345,7 @@ class _Builder:
                                          bytes=share, vector_bytes=0, kind=kind, part=part)
             self.entries[c].append(_Staged(buffer, self.target.channel_of(c), compute))
             if c != home:
-                label = ValueRef(out.name, part)
+                label = ValueRef(self.key(out.name), part)
                 self.entries[c].append(Send(label, home, partial_bytes))
                 self.entries[home].append(Recv(label, c, partial_bytes))
         self._write_back(home, layer, written, False)
@@ -319,17 +376,18 @@ class _Builder:
         weight = node.inputs[0] if node.op == "Gather" and node.name in self.facts.uses else (
             node.inputs[1] if node.name in self.facts.uses else None)
         for value in node.inputs:
-            if value is None or value is weight or value.is_initializer or value.name not in self.location:
+            if value is None or value is weight or value.is_initializer or self.key(value.name) not in self.location:
                 continue
-            source = self.sender.get((value.name, chiplet), self.location[value.name])
-            if source == chiplet or (value.name, chiplet) in self.delivered:
+            name = self.key(value.name)
+            source = self.sender.get((name, chiplet), self.location[name])
+            if source == chiplet or (name, chiplet) in self.delivered:
                 continue
-            self.delivered.add((value.name, chiplet))
-            self.entries[chiplet].append(Recv(ValueRef(value.name), source, self.value_bytes(value)))
+            self.delivered.add((name, chiplet))
+            self.entries[chiplet].append(Recv(ValueRef(name), source, self.value_bytes(value)))
 
     def _send_to_readers(self, value: Value, source: int) -> None:
         """Send `value` now to every other chiplet that will read it (the recv comes at the reader)."""
-        targets = sorted({c for user in value.users if user.name not in self.skipped
+        targets = sorted({c for user in value.users if user.name not in self.skipped and self.runs_now(user)
                           for c in self.node_chiplets[user.name] if c != source})
         self._broadcast(value, source, targets)
 
@@ -337,14 +395,14 @@ class _Builder:
         """A tree, as collective libraries broadcast: one copy crosses to each other card (then to
         each other package), where its first reader receives it at once and forwards it to the rest
         of its group. A copy per reader would serialize them all on the source's slowest port."""
-        nbytes = self.value_bytes(value)
+        nbytes, name = self.value_bytes(value), self.key(value.name)
         card, package = self.target.card_of, self.target.package_of
         level = card if any(card(c) != card(source) for c in targets) else (
             package if any(package(c) != package(source) for c in targets) else None)
         if level is None:
             for c in targets:
-                self.entries[source].append(Send(ValueRef(value.name), c, nbytes))
-                self.sender[(value.name, c)] = source
+                self.entries[source].append(Send(ValueRef(name), c, nbytes))
+                self.sender[(name, c)] = source
             return
         groups: dict[int, list[int]] = {}
         for c in targets:
@@ -354,25 +412,26 @@ class _Builder:
                 self._broadcast(value, source, members)
                 continue
             relay = members[0]
-            self.entries[source].append(Send(ValueRef(value.name), relay, nbytes))
-            self.entries[relay].append(Recv(ValueRef(value.name), source, nbytes))
-            self.delivered.add((value.name, relay))
+            self.entries[source].append(Send(ValueRef(name), relay, nbytes))
+            self.entries[relay].append(Recv(ValueRef(name), source, nbytes))
+            self.delivered.add((name, relay))
             self._broadcast(value, relay, members[1:])
 
     # -- loads ---------------------------------------------------------------------------
 
     def finish(self, prefetch: bool) -> Program:
+        staging = self.memory.prefill_staging_bytes if self.phase == "prefill" else self.memory.staging_bytes
         for c in self.chiplets:
-            budget = self.memory.staging_bytes if prefetch else 0
+            budget = max(staging, self.memory.staging_bytes) if prefetch else 0
             for ins in _with_loads(self.entries[c], budget):
                 self.program.emit(c, ins)
         return self.program
 
 
 def _with_loads(entries: list[Instruction | _Staged], budget: int) -> list[Instruction]:
-    """Insert each staged use's `load` (in use order, as early as `budget` bytes of staging
-    allow; budget 0: just before its use), `wait` before its compute and `free` after it."""
-    staged = [e for e in entries if isinstance(e, _Staged)]
+    """Insert each staged buffer's `load` (in first-use order, as early as `budget` bytes of staging
+    allow; budget 0: just before its first use), `wait` before its first compute and `free` after its last."""
+    staged = [e for e in entries if isinstance(e, _Staged) and e.first]
     out: list[Instruction] = []
     issued = 0  # staged uses whose load is out
     occupancy = 0
@@ -391,11 +450,14 @@ def _with_loads(entries: list[Instruction | _Staged], budget: int) -> list[Instr
         if not isinstance(entry, _Staged):
             out.append(entry)
             continue
-        position += 1
-        issue(position)  # this use's own load, whatever the budget says
-        out.append(Wait(entry.buffer.name))
+        if entry.first:
+            position += 1
+            issue(position)  # this buffer's own load, whatever the budget says
+            out.append(Wait(entry.buffer.name))
         out.append(entry.compute)
-        out.append(Free(entry.buffer.name))
-        occupancy -= entry.buffer.bytes
-        issue(0)
+        if entry.last:
+            out.append(Free(entry.buffer.name))
+            occupancy -= entry.buffer.bytes
+            issue(0)
     return out
+

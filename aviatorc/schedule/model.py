@@ -72,10 +72,16 @@ class ModelFacts:
     outputs: set[str] = field(default_factory=set)  # graph output values
     output_order: list[str] = field(default_factory=list)  # the same, in the graph's order (logits first)
     peaks: dict[tuple[int, int, bool, int, int], int] = field(default_factory=dict)  # memo of activation peaks
+    _by_name: dict[str, Node] = field(default_factory=dict, repr=False)
 
     @property
     def layers(self) -> list[int]:
         return sorted(set(self.layer_of_node.values()))
+
+    def node(self, name: str) -> Node:
+        if not self._by_name:
+            self._by_name.update((n.name, n) for n in self.order)
+        return self._by_name[name]
 
     def elements_per_token(self, value: str) -> float:
         return self.value_elements.get(value, 0) / self.graph_tokens
@@ -90,6 +96,64 @@ class ModelFacts:
 
     def vector_elements_per_token(self) -> float:
         return sum(self.elements_per_token(v) for node in self.order for v in self.vector_values(node))
+
+
+@dataclass(frozen=True)
+class LayerRuns:
+    """The nodes a weight-stationary prefill walks, in runs of about one layer (every token block
+    runs through a run before the next starts), and what the boundaries hold per token."""
+
+    runs: list[list[Node]]
+    held_elements_per_token: float  # the most any boundary holds: values made before it, read after it
+
+
+def layer_runs(facts: ModelFacts) -> LayerRuns:
+    """The node order cut where a new layer begins, each cut moved within the plain nodes that end a
+    layer (its residual add, the next layer's input norm) to where the fewest elements cross it: so a
+    boundary holds the residual stream, not also its normalized copy. A view shares its input's
+    bytes (a layer's own reshape of the rotary table is the table)."""
+    nodes = [n for n in facts.order if n.name not in facts.weight_chain]
+    live = _live_elements(nodes, facts)
+    cuts: list[int] = []
+    last_weight, newest = -1, -1
+    for i, node in enumerate(nodes):
+        layer = facts.layer_of_node[node.name]
+        if layer > newest:  # a new layer begins (a node of an earlier one, such as a lazily built table, does not cut)
+            if i:
+                cuts.append(min(range(max(last_weight + 1, cuts[-1] + 1 if cuts else 1), i + 1),
+                                key=lambda j: (live[j], -j)))
+            newest = layer
+        if node.name in facts.uses:
+            last_weight = i
+    bounds = [0, *sorted(set(cuts)), len(nodes)]
+    runs = [nodes[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    return LayerRuns(runs, max((live[c] for c in cuts), default=0.0))
+
+
+def _live_elements(nodes: list[Node], facts: ModelFacts) -> list[float]:
+    """Per position i: the elements per token of values made before node i and read at or after it."""
+    root: dict[str, str] = {}
+    span: dict[str, list[float]] = {}  # root -> [made, last read, elements per token]
+    for i, node in enumerate(nodes):
+        data = [v for v in node.inputs if v is not None and v.name in root]
+        for out in node.outputs:
+            r = root[data[0].name] if node.op in SHAPE_OPS and data else out.name
+            root[out.name] = r
+            entry = span.setdefault(r, [i, i, 0.0])
+            entry[2] = max(entry[2], facts.elements_per_token(out.name))
+        for value in data:
+            entry = span[root[value.name]]
+            entry[1] = max(entry[1], i)
+    delta = [0.0] * (len(nodes) + 2)
+    for made, last, elements in span.values():
+        if last > made and elements:  # live over positions made + 1 .. last
+            delta[int(made) + 1] += elements
+            delta[int(last) + 1] -= elements
+    live, total = [], 0.0
+    for i in range(len(nodes) + 1):
+        total += delta[i]
+        live.append(total)
+    return live
 
 
 def numel_bound(shape: Sequence[int | str | None]) -> int:

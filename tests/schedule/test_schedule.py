@@ -100,7 +100,7 @@ def streamed(zoo_onnx, tiny_target):  # noqa: F811
 
 def test_the_tiny_target_really_streams(streamed):
     art, _ = streamed
-    assert art.placement.streamed_bytes > 0.25 * (art.placement.streamed_bytes + art.placement.resident_bytes)
+    assert art.placement.streamed_bytes > 0.2 * (art.placement.streamed_bytes + art.placement.resident_bytes)
     loads = art.plan.programs["decode"].count()["load"]
     assert loads >= sum(1 for w in art.placement.where if w >= art.placement.num_chiplets)
 
