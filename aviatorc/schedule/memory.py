@@ -16,8 +16,8 @@ in what is really left (`reserve_bytes`, one figure per chiplet):
 - The prefill is weight-stationary (`prefill="stationary"`, the default): it walks the model one
   layer at a time, and every token block of the prompt runs through a layer while its streamed
   tiles stay in SRAM, so each streamed byte crosses LPDDR once per pass. Blocks of
-  `prefill_block_tokens` are sized as the decode step's scratch is: halved until their activations
-  fit `PREFILL_SCRATCH_SHARE` of a chiplet. What a pass holds between layers is every block's
+  `prefill_block_tokens` are halved until the activations of `PREFILL_BLOCKS_IN_FLIGHT` of them
+  (the scheduler's wavefront) fit `PREFILL_SCRATCH_SHARE` of a chiplet. What a pass holds between layers is every block's
   hand-off (the residual stream, and what earlier layers computed for later ones): at most
   `PREFILL_HOLD_SHARE` of a chiplet, at the next layer's home. A prompt whose hand-off needs more
   runs in passes of `prefill_chunk_tokens` (halved until it fits), each streaming the weights
@@ -57,6 +57,7 @@ PREFILL_SCRATCH_SHARE = 1 / 32  # of a chiplet's SRAM: a prefill block's activat
 PREFILL_HOLD_SHARE = 1 / 16  # of a chiplet's SRAM: a pass's hand-off between layers (all its blocks)
 PREFILL_STAGING_LAYERS = 1.0  # a layer's streamed tiles, held for its blocks (1.5 gained 0.3% TTFT on Llama-3-8B)
 PREFILL_SCHEDULES = ("stationary", "chunked")
+PREFILL_BLOCKS_IN_FLIGHT = 2  # a stationary pass's blocks in flight at once (build.WAVEFRONT_LAG = 1/2)
 STAGE_CHUNK_SHARE = 1 / 64  # of a chiplet's SRAM: the most one streamed chunk takes
 STAGING_DEPTH = 2  # chunks in flight per chiplet: double buffering
 HEAD_DIM_FOR_SCALES = 128  # INT8 KV: one fp16 scale per head and token, heads of this width assumed
@@ -130,10 +131,12 @@ def plan_memory(facts: ModelFacts, tiles: Sequence[Tile], target: Target, worklo
                           f"context={workload.context}, prompt={workload.prompt})")
     decode_peak = activation_peak_bytes(facts, target, workload.tokens("decode"), workload.batch)
     budget = max(decode_peak, int(PREFILL_SCRATCH_SHARE * target.chiplet.sram_bytes))
+    # The stationary prefill's blocks run as a wavefront, PREFILL_BLOCKS_IN_FLIGHT at a time (build.py).
+    in_flight = PREFILL_BLOCKS_IN_FLIGHT if prefill == "stationary" else 1
     block = workload.tokens("prefill")
-    while block > 1 and activation_peak_bytes(facts, target, block, workload.batch, refuse=False) > budget:
+    while block > 1 and in_flight * activation_peak_bytes(facts, target, block, workload.batch, refuse=False) > budget:
         block = math.ceil(block / 2)
-    block_peak = activation_peak_bytes(facts, target, block, workload.batch, refuse=False)
+    block_peak = in_flight * activation_peak_bytes(facts, target, block, workload.batch, refuse=False)
     largest_tile = max((t.storage_bytes for t in tiles), default=0)
     # A chunk is at least one matrix-unit-wide strip of the deepest weight, so any tile can be cut to it.
     narrowest = max((t.format.storage_bytes(t.k, min(t.n, target.matrix_unit_n)) for t in tiles), default=0)
