@@ -43,9 +43,13 @@ _logger = logging.getLogger("aviatorc.schedule")
 SWEEP_BATCHES = (1, 4, 16, 64)
 SWEEP_CONTEXTS = (512, 2048, 8192, 32768)
 NOTES = ("costs modelled: matrix units per format, vector units, SRAM, LPDDR channels, links with their "
-         "message overheads, the per-layer latency, KV writes, the host's per-token round trip",
-         "a weight-stationary prefill runs in passes over the prompt, each streaming the weights once: TTFT is "
-         "passes x one pass's time; its token blocks run one layer at a time, the layer's non-weight work on its home")
+         "message overheads, the per-layer latency, KV writes, the host's per-token round trip",)
+PREFILL_NOTES = {
+    "stationary": "a weight-stationary prefill runs in passes over the prompt, each streaming the weights once "
+                  "(its token blocks run through a layer while the layer's streamed tiles stay staged): TTFT is "
+                  "passes x one pass's time",
+    "chunked": "a chunked prefill runs in chunks, each streaming the weights again: TTFT is chunks x one chunk's time",
+}
 
 
 def schedule(graph: Graph, placement: Placement, weights: Sequence[WeightSpec], target: Target, workload: Workload,
@@ -90,7 +94,7 @@ def schedule(graph: Graph, placement: Placement, weights: Sequence[WeightSpec], 
         sweep=_sweep(facts, placement, weights, target, workload, memory, allowed, prefetch,
                      max_context) if sweep else (),
     )
-    notes = list(NOTES)
+    notes = [*NOTES, PREFILL_NOTES[memory.prefill_schedule]]
     if not facts.kv_width:
         notes.append("no k/v projections recognized: the KV cache is not modelled")
     return Plan(target.name, target_sha256, workload, allowed, planned_tiles(placement), programs, memory.describe(),

@@ -3,13 +3,16 @@ pass runs through a layer while the layer's streamed tiles stay staged, so each 
 crosses LPDDR once per pass, where the chunked schedule streamed it again for every chunk.
 
 One shape-only Llama-like config (4 layers, hidden 2048) on 4 chiplets of `corsair` with 24 MiB
-of SRAM each, so that most of its layers stream; every figure below comes from the compile."""
+of SRAM each, so that most of its layers stream; every figure below comes from the compile. Its
+256-token prompt is cut into the program's 4 pipeline blocks (`PIPELINE_BLOCK_TOKENS` lowered to
+64 here: by default a block has 256 tokens or more)."""
 
 from __future__ import annotations
 
 import json
 import math
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,7 @@ from aviatorc.models import llama_config
 from aviatorc.options import CompileOptions
 from aviatorc.plan.check import check_plan
 from aviatorc.plan.ir import Compute, Free, Load, Program
+from aviatorc.schedule import build
 from aviatorc.schedule import memory as memory_module
 from aviatorc.schedule.model import layer_runs, model_facts
 from aviatorc.schedule.simulate import simulate
@@ -29,6 +33,13 @@ from aviatorc.target import load_target
 SRAM = 24 * 2**20
 CONFIG = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 4, "num_attention_heads": 16,
           "num_key_value_heads": 4, "vocab_size": 8000, "bos_token_id": 1, "eos_token_id": 2}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def small_blocks() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(build, "PIPELINE_BLOCK_TOKENS", 64)
+        yield
 
 
 @pytest.fixture(scope="module")
