@@ -20,8 +20,9 @@ What each instruction does (`aviatorc.plan.ir` defines the plan IR):
 - `send V to=D` / `recv V src=S`: V is a value, or a part of one; its array moves.
 - A weight-stationary prefill names each token block's values `V@b`: here a block's value is the
   whole value (every block's compute of a node gives the same array, so a node computed once on a
-  chiplet is not computed again there): the blocks' transfers and staging are checked as they
-  run, at no extra arithmetic (a value a later block reads is already there from the first).
+  chiplet is not computed again there): every block's sends, receives and staging are checked as
+  they run, at no extra arithmetic. A later block's missing receive goes unseen when the first
+  block already brought the value (the arrays are the whole values, not the blocks' rows).
 - `load` / `wait` / `free`: a staging buffer's life, checked as it runs.
 - `store` / `host`: nothing to compute (the session keeps the KV cache and samples).
 

@@ -1,6 +1,7 @@
 """The scheduler: a placed graph becomes one instruction stream per chiplet, with prefetch.
 
-Steps, for one phase (a decode step of `batch` tokens, or one prefill chunk):
+Steps, for one phase (a decode step of `batch` tokens, or one prefill pass: see below for how
+a weight-stationary pass changes steps 1-3):
 
 1. Homes: each layer's non-weight nodes (norms, rotary, attention, residuals) run on its home
    chiplet: the chiplet holding (or reading) its KV cache, else the one computing most of its
@@ -30,11 +31,14 @@ A prefill program is one pass over `prefill_chunk_tokens` of the prompt, weight-
 nodes are walked in runs of one layer, and each run is emitted once per token block (values
 carry the block, `name@b`), so the layer's streamed tiles are loaded before its first block and
 freed after its last, on every chiplet whose share of them fits `prefill_staging_bytes` (a
-chiplet that cannot hold its share re-loads it per block). Blocks are the program's pipeline
-(block b's hand-off travels while block b + 1 computes): at most `PIPELINE_BLOCKS` of them, of at
-least `PIPELINE_BLOCK_TOKENS` tokens, each a
-batch of the memory plan's blocks of `prefill_block_tokens`, which run one after another on the
-same chiplets. The output head (the logits of each sequence's last token) runs once, in the last block.
+chiplet that cannot hold its share re-loads it per block). The blocks run as a wavefront, two in
+flight (`_wavefront`), each with its non-weight work on its own chiplet of the home's card
+(`block_home`). A program block stands for a batch of the memory plan's blocks of
+`prefill_block_tokens`, which run one after another on the same chiplets (the program times this
+coarser pipeline, which fills and drains more slowly than the finer one): at most `PIPELINE_BLOCKS` program blocks,
+of at least `PIPELINE_BLOCK_TOKENS` tokens. The output head (the logits of each sequence's last
+token: the node that makes the graph's first output) runs once, in the last block, whose tokens
+stand for each sequence's last.
 """
 
 from __future__ import annotations
@@ -192,13 +196,18 @@ class _Builder:
         """A value as this block's: its name, with the block in a multi-block prefill."""
         return block_value(name, self.block) if self.blocks > 1 else name
 
+    def makes_logits(self, node: Node) -> bool:
+        """Whether `node` makes the graph's first output, the logits (of each sequence's last token
+        only; other outputs, such as a KV cache the graph returns, are every token's)."""
+        return bool(self.facts.output_order) and any(out.name == self.facts.output_order[0] for out in node.outputs)
+
     def runs_now(self, node: Node) -> bool:
-        """The output head runs in a prefill's last block only."""
-        return self.block == self.blocks - 1 or not any(out.name in self.facts.outputs for out in node.outputs)
+        """The logits are made in a prefill's last block only."""
+        return self.block == self.blocks - 1 or not self.makes_logits(node)
 
     def value_bytes(self, value: Value | str) -> int:
         name = value if isinstance(value, str) else value.name
-        tokens = self.output_tokens if name in self.facts.outputs else self.tokens
+        tokens = self.output_tokens if self.facts.output_order and name == self.facts.output_order[0] else self.tokens
         return max(1, math.ceil(self.facts.elements_per_token(name) * tokens * self.target.activation_bytes_per_element))
 
     def vector_bytes(self, node: Node) -> int:
@@ -242,7 +251,7 @@ class _Builder:
         need: dict[int, int] = {}
         num_c = self.placement.num_chiplets
         for node in run:
-            if node.op == "Gather" or not self.runs_now(node) or node.name not in self.facts.uses:
+            if node.op == "Gather" or self.makes_logits(node) or node.name not in self.facts.uses:
                 continue
             for use in self.facts.uses[node.name]:
                 if self.placement.where[use.tile] >= num_c:
@@ -277,7 +286,7 @@ class _Builder:
         out = node.outputs[0]
         rows_total = max(u.stop for u in uses)
         # A prefill computes the graph's outputs (logits) for each sequence's last token only.
-        tokens = self.output_tokens if out.name in self.facts.outputs else self.tokens
+        tokens = self.output_tokens if self.makes_logits(node) else self.tokens
         num_c = self.placement.num_chiplets
         for use in uses:
             tile = self.placement.tiles[use.tile]

@@ -17,15 +17,18 @@ in what is really left (`reserve_bytes`, one figure per chiplet):
   layer at a time, and every token block of the prompt runs through a layer while its streamed
   tiles stay in SRAM, so each streamed byte crosses LPDDR once per pass. Blocks of
   `prefill_block_tokens` are halved until the activations of `PREFILL_BLOCKS_IN_FLIGHT` of them
-  (the scheduler's wavefront) fit `PREFILL_SCRATCH_SHARE` of a chiplet. What a pass holds between layers is every block's
-  hand-off (the residual stream, and what earlier layers computed for later ones): at most
-  `PREFILL_HOLD_SHARE` of a chiplet, at the next layer's home. A prompt whose hand-off needs more
-  runs in passes of `prefill_chunk_tokens` (halved until it fits), each streaming the weights
-  once. A layer's streamed tiles stay staged for the whole pass: `prefill_staging_bytes` per
-  chiplet, sized before placement as `PREFILL_STAGING_LAYERS` of the largest layer's bytes spread
-  over the chiplets (the scheduler re-loads per block what a chiplet cannot hold). `"chunked"` is
-  the schedule main had: passes of one block each, every pass streaming every weight again, with
-  no SRAM beyond the decode step's taken from the weights.
+  (the scheduler's wavefront) fit `PREFILL_SCRATCH_SHARE` of a chiplet. What a pass holds
+  between layers is every block's hand-off (the residual stream, and what earlier layers
+  computed for later ones): at most `PREFILL_HOLD_SHARE` of a chiplet, where each block's next
+  layer runs. A prompt whose hand-off needs more runs in passes of `prefill_chunk_tokens`
+  (halved until it fits), each streaming the weights once. A layer's streamed tiles stay staged
+  while its blocks run: `prefill_staging_bytes` per chiplet, sized before placement as
+  `PREFILL_STAGING_LAYERS` of the largest layer's bytes spread over the chiplets (the scheduler
+  re-loads per block what a chiplet cannot hold). The program may time several of these blocks
+  as one (`build.PIPELINE_BLOCK_TOKENS`): they still run one after another through the layer,
+  so the SRAM is the same. `"chunked"` is the schedule main had: chunks of one block each,
+  every chunk streaming every weight again, with no SRAM beyond the decode step's taken from
+  the weights.
 - Staging: a streamed tile (or KV block) is loaded in chunks of at most `stage_chunk_bytes`
   (column sub-strips of a weight strip are strips too, so each chunk is computed on its own);
   each chiplet keeps `STAGING_DEPTH` chunks in flight: double buffering. Measured on Llama-3-70B

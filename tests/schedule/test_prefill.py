@@ -16,14 +16,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import aviatorc
+from aviatorc import zoo
 from aviatorc.errors import OptionError
 from aviatorc.models import llama_config
 from aviatorc.options import CompileOptions
 from aviatorc.plan.check import check_plan
-from aviatorc.plan.ir import Compute, Free, Load, Program
+from aviatorc.plan.ir import Compute, Free, Load, Program, Send, block_of
+from aviatorc.runtime import Session
 from aviatorc.schedule import build
 from aviatorc.schedule import memory as memory_module
 from aviatorc.schedule.model import layer_runs, model_facts
@@ -188,3 +191,24 @@ def test_the_prefill_schedule_is_an_option_and_recorded_in_the_plan(plans):
     stationary, chunked = (plans[s].plan.memory for s in ("stationary", "chunked"))
     assert stationary.prefill_block_tokens > 0 and stationary.prefill_staging_bytes_per_chiplet > 0
     assert chunked.prefill_block_tokens == 0
+
+
+def test_a_multi_block_prefill_runs_on_the_sim_as_the_chunked_one_does(monkeypatch):
+    """A decoder that returns its KV cache as graph outputs (the torch path's `present.N.*`), its
+    prompt cut into four program blocks: the sim runs the block-tagged prefill program (every
+    block's present K/V made, the logits in the last) and gives the chunked plan's logits and
+    tokens (1e-5: the same kernels on the same values)."""
+    monkeypatch.setattr(memory_module, "PREFILL_SCRATCH_SHARE", 1e-9)  # one-token blocks
+    monkeypatch.setattr(build, "PIPELINE_BLOCK_TOKENS", 2)
+    model = zoo.build_model("llama").inner.eval()
+    plans = {schedule: aviatorc.compile(model, target="mock", context=32, prompt=8, prefill=schedule, sweep=False,
+                                        ranges=False) for schedule in ("stationary", "chunked")}
+    program = plans["stationary"].plan.programs["prefill"]
+    sent = {ins.value.name for _, _, ins in program.instructions() if isinstance(ins, Send)}
+    assert {block_of(name)[1] for name in sent} >= {1, 2, 3}  # blocks 1-3 run beside the home (block 0's)
+    assert any(v.name.startswith("present") for v in plans["stationary"].graph.outputs)
+    prompt = np.arange(3, 11)
+    logits = {schedule: Session(result).prefill(0, prompt) for schedule, result in plans.items()}
+    np.testing.assert_allclose(logits["stationary"], logits["chunked"], rtol=0, atol=1e-5)
+    tokens = {schedule: Session(result).generate(prompt, 6) for schedule, result in plans.items()}
+    assert np.array_equal(tokens["stationary"], tokens["chunked"])
