@@ -35,8 +35,8 @@ chiplet that cannot hold its share re-loads it per block). The blocks run as a w
 flight (`_wavefront`), each with its non-weight work on its own chiplet of the home's card
 (`block_home`). A program block stands for a batch of the memory plan's blocks of
 `prefill_block_tokens`, which run one after another on the same chiplets (the program times this
-coarser pipeline, which fills and drains more slowly than the finer one): at most `PIPELINE_BLOCKS` program blocks,
-of at least `PIPELINE_BLOCK_TOKENS` tokens. The output head (the logits of each sequence's last
+coarser pipeline, which fills and drains more slowly than the finer one): `memory.program_blocks`.
+The output head (the logits of each sequence's last
 token: the node that makes the graph's first output) runs once, in the last block, whose tokens
 stand for each sequence's last.
 """
@@ -85,10 +85,6 @@ class _Staged:
     last: bool = True
 
 
-PIPELINE_BLOCKS = 4  # a prefill pass's blocks in the program (more: finer overlap, a longer program)
-# ... of at least this many tokens: on Llama-3-70B x4 at batch 1 (128 prompt tokens) 1, 2 and 4 blocks
-# gave a TTFT of 38.4, 37.5 and 39.6 ms, and each block adds a copy of the pass to plan.json.
-PIPELINE_BLOCK_TOKENS = 256
 WAVEFRONT_LAG = 0.5  # of a run's nodes: how far one block is ahead of the next (2 blocks in flight)
 
 
@@ -98,8 +94,7 @@ def resident_buffer(tile: int) -> str:
 
 def build_program(facts: ModelFacts, placement: Placement, target: Target, memory: MemoryPlan,
                   workload: Workload, phase: str, *, chiplets: Sequence[int], prefetch: bool = True) -> Program:
-    blocks = 1 if phase == "decode" else max(1, min(memory.prefill_blocks, PIPELINE_BLOCKS,
-                                                    memory.prefill_chunk_tokens // PIPELINE_BLOCK_TOKENS))
+    blocks = 1 if phase == "decode" else memory.prefill_blocks
     tokens = workload.tokens("decode") if phase == "decode" else math.ceil(memory.prefill_chunk_tokens / blocks)
     builder = _Builder(facts, placement, target, memory, workload, phase, tokens, list(chiplets), blocks)
     builder.run()

@@ -57,10 +57,14 @@ KV_SRAM_SHARE = 0.25  # kv="auto": keep the cache in SRAM when it needs at most 
 KV_DTYPES = {"fp16": 2, "bf16": 2, "int8": 1}
 KV_MODES = ("auto", "sram", "lpddr")
 PREFILL_SCRATCH_SHARE = 1 / 32  # of a chiplet's SRAM: a prefill block's activations
-PREFILL_HOLD_SHARE = 1 / 16  # of a chiplet's SRAM: a pass's hand-off between layers (all its blocks)
+PREFILL_HOLD_SHARE = 1 / 8  # of a chiplet's SRAM: a chiplet's share of a pass's hand-off between layers
 PREFILL_STAGING_LAYERS = 1.0  # a layer's streamed tiles, held for its blocks (1.5 gained 0.3% TTFT on Llama-3-8B)
 PREFILL_SCHEDULES = ("stationary", "chunked")
 PREFILL_BLOCKS_IN_FLIGHT = 2  # a stationary pass's blocks in flight at once (build.WAVEFRONT_LAG = 1/2)
+PIPELINE_BLOCKS = 4  # a prefill pass's blocks in the program (more: finer overlap, a longer program)
+# ... of at least this many tokens: on Llama-3-70B x4 at batch 1 (128 prompt tokens) 1, 2 and 4 blocks
+# gave a TTFT of 38.4, 37.5 and 39.6 ms, and each block adds a copy of the pass to plan.json.
+PIPELINE_BLOCK_TOKENS = 256
 STAGE_CHUNK_SHARE = 1 / 64  # of a chiplet's SRAM: the most one streamed chunk takes
 STAGING_DEPTH = 2  # chunks in flight per chiplet: double buffering
 HEAD_DIM_FOR_SCALES = 128  # INT8 KV: one fp16 scale per head and token, heads of this width assumed
@@ -100,7 +104,8 @@ class MemoryPlan:
 
     @property
     def prefill_blocks(self) -> int:
-        return math.ceil(self.prefill_chunk_tokens / self.prefill_block_tokens) if self.prefill_block_tokens else 1
+        """The prefill program's token blocks (`program_blocks`)."""
+        return program_blocks(self.prefill_chunk_tokens, self.prefill_block_tokens)
 
     def describe(self) -> MemoryFigures:
         window = self.kv.window
@@ -112,6 +117,15 @@ class MemoryPlan:
                              kv_sinks=window.sinks if window else 0, kv_recent=window.recent if window else 0,
                              prefill_block_tokens=self.prefill_block_tokens,
                              prefill_staging_bytes_per_chiplet=self.prefill_staging_bytes)
+
+
+def program_blocks(pass_tokens: int, block_tokens: int) -> int:
+    """The blocks a prefill program times a pass in: at most `PIPELINE_BLOCKS`, of at least
+    `PIPELINE_BLOCK_TOKENS` tokens, each standing for one or more blocks of `block_tokens` that
+    run one after another on the same chiplets (0: the chunked prefill, one block)."""
+    if not block_tokens:
+        return 1
+    return max(1, min(math.ceil(pass_tokens / block_tokens), PIPELINE_BLOCKS, pass_tokens // PIPELINE_BLOCK_TOKENS))
 
 
 def kv_bytes_per_token(width: int, dtype: str) -> float:
@@ -146,7 +160,8 @@ def plan_memory(facts: ModelFacts, tiles: Sequence[Tile], target: Target, worklo
     stage_chunk = max(1, narrowest, min(largest_tile, int(STAGE_CHUNK_SHARE * target.chiplet.sram_bytes)))
     staging = STAGING_DEPTH * stage_chunk
     if prefill == "stationary":
-        passes, hold = _prefill_passes(facts, target, workload.tokens("prefill"), block)
+        ring = min(sum(1 for c in chiplets if target.card_of(c) == card) for card in {target.card_of(c) for c in chiplets})
+        passes, hold = _prefill_passes(facts, target, workload.tokens("prefill"), block, ring)
         prefill_staging = max(staging, math.ceil(PREFILL_STAGING_LAYERS * _largest_layer_bytes(facts, tiles)
                                                  / len(chiplets)))
     else:
@@ -184,15 +199,24 @@ def plan_memory(facts: ModelFacts, tiles: Sequence[Tile], target: Target, worklo
                       prefill_staging_bytes=prefill_staging)
 
 
-def _prefill_passes(facts: ModelFacts, target: Target, prompt_tokens: int, block: int) -> tuple[int, int]:
-    """Tokens per weight-stationary pass (halved from the whole prompt until what it holds between
-    layers fits `PREFILL_HOLD_SHARE` of a chiplet, never below one block) and those bytes."""
-    per_token = layer_runs(facts).held_elements_per_token * target.activation_bytes_per_element
+def _prefill_passes(facts: ModelFacts, target: Target, prompt_tokens: int, block: int, ring: int) -> tuple[int, int]:
+    """Tokens per weight-stationary pass (halved from the whole prompt until a chiplet's share of
+    what it holds between layers fits `PREFILL_HOLD_SHARE` of it, never below one block) and that share."""
     budget = PREFILL_HOLD_SHARE * target.chiplet.sram_bytes
     tokens = prompt_tokens
-    while tokens > block and per_token * tokens > budget:
+    while tokens > block and prefill_hold_bytes(facts, target, tokens, block, ring) > budget:
         tokens = max(block, math.ceil(tokens / 2))
-    return tokens, math.ceil(per_token * tokens)
+    return tokens, prefill_hold_bytes(facts, target, tokens, block, ring)
+
+
+def prefill_hold_bytes(facts: ModelFacts, target: Target, pass_tokens: int, block: int, ring: int) -> int:
+    """The most of a pass's hand-off between layers one chiplet holds. Each program block's lands
+    where the block runs its next layer (`build.block_home`: the blocks side by side on the `ring`
+    chiplets of the home's card), and a chiplet may hold two blocks' at once: one waiting for its
+    next layer, one it made for the layer after."""
+    whole = layer_runs(facts).held_elements_per_token * target.activation_bytes_per_element * pass_tokens
+    blocks = program_blocks(pass_tokens, block)
+    return math.ceil(whole * min(1.0, 2 * math.ceil(blocks / max(1, ring)) / blocks))
 
 
 def _largest_layer_bytes(facts: ModelFacts, tiles: Sequence[Tile]) -> int:

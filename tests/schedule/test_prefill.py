@@ -4,7 +4,7 @@ crosses LPDDR once per pass, where the chunked schedule streamed it again for ev
 
 One shape-only Llama-like config (4 layers, hidden 2048) on 4 chiplets of `corsair` with 24 MiB
 of SRAM each, so that most of its layers stream; every figure below comes from the compile. Its
-256-token prompt is cut into the program's 4 pipeline blocks (`PIPELINE_BLOCK_TOKENS` lowered to
+256-token prompt is cut into the program's 4 pipeline blocks (`memory.PIPELINE_BLOCK_TOKENS` lowered to
 64 here: by default a block has 256 tokens or more)."""
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from aviatorc.options import CompileOptions
 from aviatorc.plan.check import check_plan
 from aviatorc.plan.ir import Compute, Free, Load, Program, Send, block_of
 from aviatorc.runtime import Session
-from aviatorc.schedule import build
 from aviatorc.schedule import memory as memory_module
 from aviatorc.schedule.model import layer_runs, model_facts
 from aviatorc.schedule.simulate import simulate
@@ -41,7 +40,7 @@ CONFIG = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 4
 @pytest.fixture(scope="module", autouse=True)
 def small_blocks() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(build, "PIPELINE_BLOCK_TOKENS", 64)
+        patch.setattr(memory_module, "PIPELINE_BLOCK_TOKENS", 64)
         yield
 
 
@@ -157,16 +156,22 @@ def test_a_chiplet_that_cannot_hold_its_share_reloads_it_per_block(setup, monkey
 
 
 def test_a_prompt_whose_hand_off_outgrows_its_share_runs_in_passes(setup):
-    """What a pass holds between layers (each block's residual stream) is at most
-    PREFILL_HOLD_SHARE of a chiplet: a larger batch runs in passes, the largest halving of the
+    """What a pass holds between layers (each block's residual stream), spread over the blocks'
+    chiplets (4 blocks on 4 chiplets: a chiplet holds at most two blocks', half the pass's), is at
+    most PREFILL_HOLD_SHARE of a chiplet: a larger batch runs in passes, the largest halving of the
     prompt that fits, and its TTFT is the passes times one pass's simulated time."""
-    result = compile_case(setup, batch=8)
+    result = compile_case(setup, batch=16)
     plan = result.plan
     facts = model_facts(result.graph, result.placement.tiles)
     per_token = layer_runs(facts).held_elements_per_token * plan.target.activation_bytes_per_element
-    pass_tokens, total = plan.prediction.prefill.chunk_tokens, 8 * 128
-    budget = memory_module.PREFILL_HOLD_SHARE * SRAM
-    assert per_token * pass_tokens <= budget < per_token * 2 * pass_tokens
+    pass_tokens, total = plan.prediction.prefill.chunk_tokens, 16 * 128
+    block = plan.memory.prefill_block_tokens
+
+    def held(tokens: int) -> int:
+        return memory_module.prefill_hold_bytes(facts, plan.target, tokens, block, 4)
+
+    assert held(pass_tokens) == math.ceil(per_token * pass_tokens / 2)
+    assert held(pass_tokens) <= memory_module.PREFILL_HOLD_SHARE * SRAM < held(2 * pass_tokens)
     assert plan.prediction.prefill.chunks == math.ceil(total / pass_tokens) > 1
     one_pass = simulate(plan.programs["prefill"], plan.target).makespan_s
     assert plan.prediction.ttft_s == pytest.approx(plan.prediction.prefill.chunks * one_pass, rel=1e-12)
@@ -199,7 +204,7 @@ def test_a_multi_block_prefill_runs_on_the_sim_as_the_chunked_one_does(monkeypat
     block's present K/V made, the logits in the last) and gives the chunked plan's logits and
     tokens (1e-5: the same kernels on the same values)."""
     monkeypatch.setattr(memory_module, "PREFILL_SCRATCH_SHARE", 1e-9)  # one-token blocks
-    monkeypatch.setattr(build, "PIPELINE_BLOCK_TOKENS", 2)
+    monkeypatch.setattr(memory_module, "PIPELINE_BLOCK_TOKENS", 2)
     model = zoo.build_model("llama").inner.eval()
     plans = {schedule: aviatorc.compile(model, target="mock", context=32, prompt=8, prefill=schedule, sweep=False,
                                         ranges=False) for schedule in ("stationary", "chunked")}
