@@ -134,7 +134,8 @@ def test_the_summary_states_what_the_figures_leave_out(tmp_path):
     # the scheduler's note, right under the predicted figures it qualifies
     assert text.index("predicted time to first token") < text.index("(prediction: costs modelled") \
         < text.index("SRAM: KV cache")
-    assert "(prediction: a prefill runs in chunks, each streaming the weights again" in text
+    assert "(prediction: a weight-stationary prefill runs in passes over the prompt, each streaming the weights once" \
+        in text
 
 
 def test_a_bad_card_count_is_worded_alike_by_compile_and_target_show(tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from aviatorc.report.browser import offline_page
+from aviatorc.report.data import sweeps as sweeps_of
 from aviatorc.report.html import SECTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,8 +27,11 @@ def test_report_renders_offline_in_chromium(small_artifact):
         page = opened.page
         drawn = opened.wait_for_charts(timeout_ms=30_000)
         charts = page.locator("div.chart")
-        # latency, placement, SRAM, timeline, accuracy, context sweep (one batch size fits: no batch chart)
-        assert drawn == charts.count() == 6
+        # latency, placement, SRAM, timeline, accuracy, and a sweep chart per axis where more than one point fits
+        plan = small_artifact.result.plan
+        sweeps = sweeps_of(plan.to_dict()["prediction"].get("sweep", []), plan.workload.to_dict())
+        swept = sum(sum(1 for e in sweeps[axis] if e.get("fits")) > 1 for axis in sweeps)
+        assert swept >= 1 and drawn == charts.count() == 5 + swept
         for section, heading in SECTIONS:
             assert page.locator(f"section#{section} h2").inner_text() == heading
         for i in range(charts.count()):  # Bokeh draws into a canvas inside each chart's shadow root
