@@ -51,6 +51,7 @@ JOIN_S = 60.0  # the least time ranks are given to start and join
 GROUP_TIMEOUT = timedelta(days=7)  # gloo's own limit on a wait; ours are `timeout_s`, polled
 _REPORT, _FEEDS, _OUTPUTS = CONTROL + 2, CONTROL + (1 << 20), CONTROL + (2 << 20)
 ERROR_LINE = "aviatorc-rank-error: "  # a failing rank's last stderr line, then JSON
+LINK_DEATH_GRACE_S = 1.0  # how long a broken link waits to see which rank died (it may not be reaped yet)
 _OPS = sorted(INSTRUCTIONS)
 RUN, STOP = 1, 0
 
@@ -248,9 +249,18 @@ class Cluster:
         if failed is not None:
             raise failed
 
-    def _exited_rank(self) -> RankFailed | None:
+    def _exited_rank(self, grace_s: float = 0.0) -> RankFailed | None:
         """A `RankFailed` for the first spawned rank that exited: with its own error, which a rank that
-        fails writes as one `ERROR_LINE` JSON line on stderr before it exits; None while all run."""
+        fails writes as one `ERROR_LINE` JSON line on stderr before it exits; None while all run
+        (after waiting up to `grace_s` for one to be seen exiting)."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            found = self._first_exited()
+            if found is not None or time.monotonic() >= deadline:
+                return found
+            time.sleep(0.01)
+
+    def _first_exited(self) -> RankFailed | None:
         for r, child in enumerate(self.children, start=1):
             code = child.poll()
             if code is None:
@@ -285,9 +295,11 @@ class Cluster:
             link.flush()
         except BaseException as error:  # a fault, a broken link, Ctrl-C: the ranks' state is unknown now
             self.failed = str(error) or type(error).__name__
-            # A link that broke because a rank died (gloo may notice before the watchdog): that rank's
-            # failure, read before the teardown ends the others too.
-            died = self._exited_rank() if isinstance(error, Exception) and not isinstance(error, RuntimeFault) else None
+            # A link that broke because a rank died (gloo may notice before the watchdog, and even
+            # before the dead process can be reaped): that rank's failure, read before the teardown
+            # ends the others too.
+            died = self._exited_rank(grace_s=LINK_DEATH_GRACE_S) \
+                if isinstance(error, Exception) and not isinstance(error, RuntimeFault) else None
             self._teardown()
             if died is not None:
                 raise died from error
