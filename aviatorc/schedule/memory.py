@@ -25,7 +25,7 @@ in what is really left (`reserve_bytes`, one figure per chiplet):
   while its blocks run: `prefill_staging_bytes` per chiplet, sized before placement as
   `PREFILL_STAGING_LAYERS` of the largest layer's bytes spread over the chiplets (the scheduler
   re-loads per block what a chiplet cannot hold). The program may time several of these blocks
-  as one (`build.PIPELINE_BLOCK_TOKENS`): they still run one after another through the layer,
+  as one (`program_blocks`): they still run one after another through the layer,
   so the SRAM is the same. `"chunked"` is the schedule main had: chunks of one block each,
   every chunk streaming every weight again, with no SRAM beyond the decode step's taken from
   the weights.

@@ -73,6 +73,7 @@ class ModelFacts:
     output_order: list[str] = field(default_factory=list)  # the same, in the graph's order (logits first)
     peaks: dict[tuple[int, int, bool, int, int], int] = field(default_factory=dict)  # memo of activation peaks
     _by_name: dict[str, Node] = field(default_factory=dict, repr=False)
+    _runs: LayerRuns | None = field(default=None, repr=False)  # memo of `layer_runs` (memory and build ask)
 
     @property
     def layers(self) -> list[int]:
@@ -111,7 +112,13 @@ def layer_runs(facts: ModelFacts) -> LayerRuns:
     """The node order cut where a new layer begins, each cut moved within the plain nodes that end a
     layer (its residual add, the next layer's input norm) to where the fewest elements cross it: so a
     boundary holds the residual stream, not also its normalized copy. A view shares its input's
-    bytes (a layer's own reshape of the rotary table is the table)."""
+    bytes (a layer's own reshape of the rotary table is the table). Memoized per facts."""
+    if facts._runs is None:
+        facts._runs = _layer_runs(facts)
+    return facts._runs
+
+
+def _layer_runs(facts: ModelFacts) -> LayerRuns:
     nodes = [n for n in facts.order if n.name not in facts.weight_chain]
     live = _live_elements(nodes, facts)
     cuts: list[int] = []
