@@ -197,7 +197,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="prefill schedule: stationary streams each weight once per pass over the prompt "
                         "(default); chunked re-streams the weights per chunk and leaves the decode step more SRAM")
     p.add_argument("--solver", choices=SOLVER_CHOICES, default=DEFAULTS.solver,
-                   help="partitioner: greedy alone (default), or greedy then CP-SAT per layer")
+                   help="partitioner: greedy alone (default); greedy then CP-SAT per layer; or auto: CP-SAT only where the "
+                   "greedy placement is over 2%% above its lower bound")
     p.add_argument("--seed", type=int, default=0, help="the partitioner's random seed (the same seed and inputs "
                    "give a byte-identical artifact)")
     _add_verbosity(p, quiet="print nothing but warnings and errors (no progress, no summary)")

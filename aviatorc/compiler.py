@@ -77,6 +77,8 @@ class Report:
                          f"{placement['objective_s'] * 1e6:.3f} us per decode step (weights), "
                          f"{placement['gap_to_bound']:.2%} above the lower bound ({BOUND_LEAVES_OUT}); "
                          f"{placement['resident_bytes']:,} bytes resident, {placement['streamed_bytes']:,} streamed")
+            if placement.get("solver", "greedy") != "greedy":
+                lines.append(f"solver {placement['solver_note']}")
         plan = self.data.get("plan")
         if plan:
             lines += plan_summary(plan)
@@ -320,7 +322,8 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
     check_plan_bounds(estimate, target, batch=opts.batch, context=opts.context)  # before anything is built
     with stage(_logger, f"partitioning onto {target.name} ({len(allowed)} chiplets)", echo=echo) as task:
         placement = partition(weights, target, time_limit_s=time_limit_s, seed=opts.seed,
-                              reserve_bytes=memory.reserve_bytes, chiplets=allowed, solver=opts.solver)
+                              reserve_bytes=memory.reserve_bytes, chiplets=allowed, solver=opts.solver,
+                              homes=memory.kv.chiplet_of_layer)
         task.finish(f"{placement.status}, {placement.gap:.2%} above the lower bound")
     report.data["placement"] = {k: v for k, v in placement.to_dict().items() if k != "solve_time_s"}
     timings["partition_s"] = placement.solve_time_s

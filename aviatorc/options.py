@@ -27,7 +27,7 @@ SPARSITY_METHODS = ("magnitude", "wanda", "sparsegpt")
 ACTIVATION_METHODS = ("minmax", "percentile")
 KV_CACHE_CHOICES = ("auto", "sram", "lpddr")
 KV_DTYPE_CHOICES = ("fp16", "bf16", "int8")
-SOLVER_CHOICES = ("cpsat", "greedy")
+SOLVER_CHOICES = ("auto", "cpsat", "greedy")  # the partitioner's (partition.AUTO_GAP)
 PREFILL_CHOICES = ("stationary", "chunked")  # aviatorc.schedule.memory.PREFILL_SCHEDULES
 DEFAULT_GROUP_SIZE = 32  # int4 and MX when group_size is None; int8 stays per output channel
 

@@ -138,6 +138,19 @@ def test_the_summary_states_what_the_figures_leave_out(tmp_path):
         in text
 
 
+def test_solver_auto_says_whether_cp_sat_ran_and_why(tmp_path):
+    path = mlp_onnx(tmp_path / "mlp.onnx")
+    result = run_cli("compile", str(path), "-o", str(tmp_path / "m.avc"), "--target", "mock", "--solver", "auto")
+    assert result.returncode == 0, result.stderr
+    found = re.search(r"^solver auto: the greedy placement is ([0-9.]+)% above the lower bound, (over|within) 2%",
+                      result.stdout, re.M)
+    assert found, result.stdout
+    report = json.loads((tmp_path / "m.avc" / "report.json").read_text())["placement"]
+    greedy_gap = (report["greedy_objective_ps"] - report["lower_bound_ps"]) / report["lower_bound_ps"]
+    assert float(found[1]) == pytest.approx(100 * greedy_gap, abs=0.006)
+    assert (found[2] == "over") == (greedy_gap > 0.02)
+
+
 def test_a_bad_card_count_is_worded_alike_by_compile_and_target_show(tmp_path):
     path = mlp_onnx(tmp_path / "mlp.onnx")
     compiled = run_cli("compile", str(path), "-o", str(tmp_path / "m.avc"), "--cards", "0")

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from aviatorc.partition.bound import lower_bound
+from aviatorc.options import SOLVER_CHOICES as SOLVERS
+from aviatorc.partition.bound import Bound, lower_bound
 from aviatorc.partition.check import PlacementCheckError, check_placement
 from aviatorc.partition.cpsat import solve_layer
 from aviatorc.partition.decompose import place_layers
@@ -56,7 +57,9 @@ class SolveBudget:
     wall_limit_s: float
 
 
-SOLVERS = ("cpsat", "greedy")
+# solver="auto" runs the CP-SAT layer solves only where the greedy placement is more than this far
+# above the lower bound: below it, the bound proves no solver could gain more.
+AUTO_GAP = 0.02
 MAX_SOLVES = 6
 # Deterministic time units per wall second, measured on the 2 shared cores this was tuned on: one
 # unit took 3-6 s of wall time on 6k-25k-boolean layer models (presolve and model loading run
@@ -80,8 +83,8 @@ def solve_budget(time_limit_s: float) -> SolveBudget:
 
 def make_problem(weights: list[WeightSpec], target: Target, *, batch_tokens: int = 1,
                  tiles_per_weight: int | None = None, reserve_bytes: Sequence[int] | None = None,
-                 chiplets: Iterable[int] | None = None) -> Problem:
-    """Tile `weights` for `target` and cost the tiles.
+                 chiplets: Iterable[int] | None = None, homes: Mapping[int, int] | None = None) -> Problem:
+    """Tile `weights` for `target` and cost the tiles (`homes`: `build_problem`'s).
 
     Each weight is cut into `tiles_per_weight` strips (default: one per allowed chiplet, so a
     layer can spread over all of them), more where a strip would exceed half of the largest
@@ -95,17 +98,20 @@ def make_problem(weights: list[WeightSpec], target: Target, *, batch_tokens: int
     # Rows a lookup chooses among: an embedding's k; a tied head's n (its columns are the table's rows).
     vocab_rows = {w.name: w.k if w.is_embedding else w.n for w in weights if w.is_embedding or w.is_tied_head}
     return build_problem(tiles, target, batch_tokens=batch_tokens, vocab_rows=vocab_rows, reserve_bytes=reserve_bytes,
-                         chiplets=allowed)
+                         chiplets=allowed, homes=homes)
 
 
 def partition(weights: list[WeightSpec], target: Target, *, time_limit_s: float = 30.0, seed: int = 0,
               batch_tokens: int = 1, streaming: bool = True, tiles_per_weight: int | None = None,
               check: bool = True, deterministic: bool = True, reserve_bytes: Sequence[int] | None = None,
-              chiplets: Iterable[int] | None = None, solver: str = "cpsat") -> Placement:
+              chiplets: Iterable[int] | None = None, solver: str = "cpsat",
+              homes: Mapping[int, int] | None = None) -> Placement:
     """Place every weight tile on `target`: resident on a chiplet or (with `streaming`) streamed.
 
     `solver="greedy"` keeps the greedy placement and runs no CP-SAT solve (`tools/bench_plan.py`
-    compares the two on simulated time per token).
+    compares the two on simulated time per token); `"auto"` runs the solves only when the greedy
+    placement is more than `AUTO_GAP` above the lower bound (`bound.py`), which otherwise proves
+    that no placement is much cheaper. The placement's `solver_note` says which ran and why.
 
     `time_limit_s` buys a fixed number of CP-SAT solves with a deterministic time each
     (`solve_budget`), so the same input and options give the same placement on a loaded machine
@@ -115,7 +121,9 @@ def partition(weights: list[WeightSpec], target: Target, *, time_limit_s: float 
     `reserve_bytes`: per chiplet, the SRAM held back from weights (activations, KV cache,
     staging buffers); None keeps the target's `activation_reserve_fraction`. `chiplets`: the
     chiplets the placement may use (resident tiles and compute chiplets), e.g. `range(0, 8)`,
-    so that models can share a server in isolation; None allows all.
+    so that models can share a server in isolation; None allows all. `homes`: layer -> the chiplet
+    its attention and other non-weight work run on (its KV cache's, `schedule.plan_memory`): each
+    group's trips to its home are part of the cost, so weights are placed beside it.
     """
     started = time.monotonic()
     if solver not in SOLVERS:
@@ -125,7 +133,7 @@ def partition(weights: list[WeightSpec], target: Target, *, time_limit_s: float 
     allowed = resolve_chiplets(target, chiplets)
     explain_infeasible(weights, target, streaming=streaming, reserve_bytes=reserve_bytes, chiplets=allowed)
     problem = make_problem(weights, target, batch_tokens=batch_tokens, tiles_per_weight=tiles_per_weight,
-                           reserve_bytes=reserve_bytes, chiplets=allowed)
+                           reserve_bytes=reserve_bytes, chiplets=allowed, homes=homes)
     budget = solve_budget(time_limit_s)
     warnings: list[str] = []
     task: Stage | None = None  # the CP-SAT stage's progress, while it runs
@@ -153,7 +161,17 @@ def partition(weights: list[WeightSpec], target: Target, *, time_limit_s: float 
         return result.where, result.status
 
     greedy = min(place_layers(problem, None), place_layers(problem, None, anchored=False), key=lambda d: d.cost_ps)
-    if solver == "greedy":
+    bound = lower_bound(problem)
+    greedy_gap = (greedy.cost_ps - bound.value_ps) / bound.value_ps if bound.value_ps > 0 else 0.0
+    if solver == "auto":
+        run_solver = greedy_gap > AUTO_GAP
+        note = (f"auto: the greedy placement is {greedy_gap:.2%} above the lower bound, "
+                + (f"over {AUTO_GAP:.0%}: CP-SAT layer solves ran" if run_solver
+                   else f"within {AUTO_GAP:.0%}: no CP-SAT solve"))
+    else:
+        run_solver = solver == "cpsat"
+        note = f"{solver}: the greedy placement is {greedy_gap:.2%} above the lower bound"
+    if not run_solver:
         solved = greedy
     else:
         with stage(_logger, "CP-SAT layer solves", total=budget.max_solves) as task:
@@ -171,11 +189,11 @@ def partition(weights: list[WeightSpec], target: Target, *, time_limit_s: float 
         raise InfeasibleError("the weights fit in SRAM in total but not tile by tile without streaming",
                               file=target.source, hint="enable streaming, or use a finer tiling or more cards")
     placement = _assemble(problem, best.where, best.cost_ps, greedy.cost_ps, status, best.solves, seed,
-                          time.monotonic() - started)
-    placement = replace(placement, warnings=tuple(warnings))
+                          time.monotonic() - started, bound)
+    placement = replace(placement, warnings=tuple(warnings), solver=solver, solver_note=note)
     if check:
         check_placement(placement, weights, target, batch_tokens=batch_tokens, reserve_bytes=reserve_bytes,
-                        chiplets=allowed)
+                        chiplets=allowed, homes=homes)
     return placement
 
 
@@ -190,7 +208,7 @@ def _neighbourhood(problem: Problem, tiles: list[int], hint: list[int]) -> list[
 
 
 def _assemble(problem: Problem, where: list[int], cost: int, greedy_cost: int, status: str,
-              solves: list[LayerSolve], seed: int, elapsed: float) -> Placement:
+              solves: list[LayerSolve], seed: int, elapsed: float, bound: Bound) -> Placement:
     target = problem.target
     num_c = problem.num_chiplets
     compute = compute_chiplets(problem, where)
@@ -211,7 +229,6 @@ def _assemble(problem: Problem, where: list[int], cost: int, greedy_cost: int, s
         cards = {target.card_of(c) for c in chips}
         for level, count in enumerate((len(chips) - len(packages), len(packages) - len(cards), len(cards) - 1)):
             cut[level] += count * problem.group_act_bytes[g]
-    bound = lower_bound(problem)
     placement = Placement(
         target_name=target.name, num_chiplets=num_c, num_cards=problem.num_cards, tiles=problem.tiles,
         where=tuple(where), compute_chiplet=tuple(compute), status=status, objective_ps=cost, greedy_objective_ps=greedy_cost,
@@ -221,5 +238,7 @@ def _assemble(problem: Problem, where: list[int], cost: int, greedy_cost: int, s
         resident_bytes=resident, streamed_bytes=streamed, streamed_read_bytes_per_step=streamed_read,
         min_streamed_read_bytes=bound.min_streamed_bytes, layer_costs=tuple(layer_costs(problem, where, compute=compute)),
         cut_bytes_by_level=tuple(zip((link.name for link in target.links), cut, strict=True)), solves=tuple(solves),
-        seed=seed, batch_tokens=problem.batch_tokens)
+        seed=seed, batch_tokens=problem.batch_tokens,
+        layer_homes=tuple(sorted({tile.layer: problem.home_of(problem.group_of[t])
+                                  for t, tile in enumerate(problem.tiles) if problem.home_of(problem.group_of[t]) >= 0}.items())))
     return replace(placement, solve_time_s=round(elapsed, 3))

@@ -7,15 +7,15 @@ head holds them); each tile's bytes are `storage_bytes` of its own [k, n]; every
 resident on one chiplet or streamed from one LPDDR channel, and computes on its own chiplet or
 on one its channel attaches to; nothing lands outside the allowed chiplets; no chiplet holds more than
 its SRAM less its reserve; the objective, recomputed here from first principles (compute
-including streamed tiles, streaming, broadcast trees, collection and hand-offs; see
-`problem.py` for the model), is the one reported; and the bound is not above it.
+including streamed tiles, streaming, broadcast trees, collection, trips to each layer's home and
+hand-offs; see `problem.py` for the model), is the one reported; and the bound is not above it.
 A failure is a bug in aviatorc, not a user error: it raises `PlacementCheckError` with what broke.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from aviatorc.partition.placement import Placement
 from aviatorc.partition.tiling import Tile, WeightSpec
@@ -27,7 +27,8 @@ class PlacementCheckError(RuntimeError):
 
 
 def check_placement(placement: Placement, weights: list[WeightSpec], target: Target, *, batch_tokens: int = 1,
-                    reserve_bytes: Sequence[int] | None = None, chiplets: Iterable[int] | None = None) -> None:
+                    reserve_bytes: Sequence[int] | None = None, chiplets: Iterable[int] | None = None,
+                    homes: Mapping[int, int] | None = None) -> None:
     specs = {w.name: w for w in weights}
     tiles = placement.tiles
     where = placement.where
@@ -67,7 +68,10 @@ def check_placement(placement: Placement, weights: list[WeightSpec], target: Tar
         raise PlacementCheckError("reported per-chiplet bytes differ from the recount")
 
     # Objective from first principles, and the bound below it.
-    expected = _objective(placement, weights, target, batch_tokens)
+    homes = {layer: c for layer, c in (homes or {}).items() if any(t.layer == layer for t in tiles)}
+    if dict(placement.layer_homes) != homes:
+        raise PlacementCheckError(f"placement costed layer homes {dict(placement.layer_homes)}, given {homes}")
+    expected = _objective(placement, weights, target, batch_tokens, homes)
     if expected != placement.objective_ps:
         raise PlacementCheckError(f"reported objective {placement.objective_ps} ps, recomputed {expected} ps")
     if placement.bound_ps > placement.objective_ps:
@@ -135,7 +139,8 @@ def _ps(seconds: float) -> int:
     return round(seconds * 1e12)
 
 
-def _objective(placement: Placement, weights: list[WeightSpec], target: Target, batch_tokens: int) -> int:
+def _objective(placement: Placement, weights: list[WeightSpec], target: Target, batch_tokens: int,
+               homes: Mapping[int, int]) -> int:
     specs = {w.name: w for w in weights}
     num_c = target.num_chiplets
     per_package = target.chiplets_per_package
@@ -182,14 +187,26 @@ def _objective(placement: Placement, weights: list[WeightSpec], target: Target, 
         cards = {c // per_card for c in chips}
         total += (len(chips) - len(packages)) * cost[0] + (len(packages) - len(cards)) * cost[1] + (len(cards) - 1) * cost[2]
         total += _collect(out[key], target)
-        if position + 1 < len(keys):  # hand the whole output to the next group's lowest chiplet
-            src, dst = min(chips), min(load[keys[position + 1]])
-            level = None if src == dst else 0 if src // per_package == dst // per_package else (
-                1 if src // per_card == dst // per_card else 2)
-            if level is not None:
-                link = target.links[level]
-                total += _ps(link.message_s + sum(out[key].values()) / link.bytes_per_s + link.latency_s)
+        home = homes.get(key[0], -1)
+        if home >= 0:  # the input comes from the layer's home, the output goes back there
+            total += _send(home, min(chips), act[key], target) + _send(min(chips), home, sum(out[key].values()), target)
+        if position + 1 < len(keys):  # hand the whole output on: from the home (or lowest chiplet) to the next's
+            after = keys[position + 1]
+            src = home if home >= 0 else min(chips)
+            dst = homes.get(after[0], -1) if homes.get(after[0], -1) >= 0 else min(load[after])
+            total += _send(src, dst, sum(out[key].values()), target)
     return total
+
+
+def _send(src: int, dst: int, nbytes: int, target: Target) -> int:
+    """One message from chiplet `src` to `dst` over the innermost link level joining them (0 for the same chiplet)."""
+    per_package = target.chiplets_per_package
+    per_card = per_package * target.packages_per_card
+    if src == dst:
+        return 0
+    level = 0 if src // per_package == dst // per_package else 1 if src // per_card == dst // per_card else 2
+    link = target.links[level]
+    return _ps(link.message_s + nbytes / link.bytes_per_s + link.latency_s)
 
 
 def _collect(slices: dict[int, int], target: Target) -> int:

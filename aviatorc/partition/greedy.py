@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from aviatorc.partition.problem import Problem, compute_of, group_cost_ps, handoff_ps, total_cost
+from aviatorc.partition.problem import Problem, compute_of, group_cost_ps, next_handoff_ps, total_cost
 
 
 def spreads(problem: Problem) -> list[int]:
@@ -46,8 +46,10 @@ def greedy_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[in
 
     `placed`: the assignment of the layers placed before (-1 elsewhere). The groups next to this
     layer's (the previous layer's last, the next layer's first) are anchors: hand-offs to them
-    count, and blocks beside them are candidates, so consecutive layers stay together."""
+    count, and blocks beside them are candidates, so consecutive layers stay together. So are the
+    blocks beside the layer's home, whose trips are part of every group's cost."""
     anchors = _anchors(problem, tiles, placed)
+    homes = _homes(problem, tiles)
     best: list[int] | None = None
     best_cost = 0
     # An empty block streams everything: better than scattering tiles over SRAM fragments
@@ -57,7 +59,7 @@ def greedy_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[in
     options: list[tuple[range, Sequence[int] | None]] = [(range(0), None), (range(0), problem.stream_channels[:1])]
     for size in spreads(problem):
         options.append((_best_block(free_bytes, size), None))
-        for root in sorted(set(anchors.values())):
+        for root in sorted(set(anchors.values()) | homes):
             home = (range(root - root % size, root - root % size + size), None)
             if home not in options:
                 options.append(home)
@@ -71,6 +73,11 @@ def greedy_layer(problem: Problem, tiles: Sequence[int], free_bytes: Sequence[in
     if total_cost(problem, by_group, tiles) + _boundary_ps(problem, by_group, tiles, anchors) < best_cost:
         return by_group
     return best
+
+
+def _homes(problem: Problem, tiles: Sequence[int]) -> set[int]:
+    """The homes of the groups of `tiles`."""
+    return {problem.home_of(problem.group_of[t]) for t in tiles} - {-1}
 
 
 def _root(problem: Problem, where: Sequence[int], members: Sequence[int]) -> int:
@@ -105,10 +112,10 @@ def _boundary_ps(problem: Problem, where: Sequence[int], tiles: Sequence[int], a
         root = _root(problem, where, group_tiles)
         after = problem.next_group[g]
         if after in anchors:
-            cost += handoff_ps(root, anchors[after], problem.group_out_bytes[g], problem.target)
+            cost += next_handoff_ps(problem, g, root, after, anchors[after])
         for nb, root_nb in anchors.items():
             if problem.next_group[nb] == g:
-                cost += handoff_ps(root_nb, root, problem.group_out_bytes[nb], problem.target)
+                cost += next_handoff_ps(problem, nb, root_nb, g, root)
     return cost
 
 
@@ -128,7 +135,7 @@ def _place_by_group(problem: Problem, tiles: Sequence[int], free_bytes: Sequence
     stream = [0] * problem.num_channels
     sizes = [0, *spreads(problem)]
     roots: dict[int, int] = dict(anchors or {})  # placed group -> its root (lowest computing chiplet)
-    nearest = _Nearest(problem, roots.values())
+    nearest = _Nearest(problem, [*roots.values(), *sorted(_homes(problem, tiles))])
     for g in order:
         neighbours = [(nb, nb == before.get(g)) for nb in (before.get(g), problem.next_group[g]) if nb in roots]
         best: tuple[tuple[int, int], list[int], list[int], list[int]] | None = None
@@ -147,8 +154,8 @@ def _place_by_group(problem: Problem, tiles: Sequence[int], free_bytes: Sequence
                 cost = group_cost_ps(problem, where, members[g]) + max(trial_stream)
                 root = _root(problem, where, members[g])
                 for nb, is_before in neighbours:
-                    sender = nb if is_before else g
-                    cost += handoff_ps(roots[nb], root, problem.group_out_bytes[sender], problem.target)
+                    cost += (next_handoff_ps(problem, nb, roots[nb], g, root) if is_before
+                             else next_handoff_ps(problem, g, root, nb, roots[nb]))
                 # On a tie, nearest the groups placed so far (their hand-offs come later).
                 near = nearest.distance(root)
                 if best is None or (cost, near) < best[0]:

@@ -54,6 +54,9 @@ class Placement:
     seed: int
     batch_tokens: int
     warnings: tuple[str, ...] = ()  # a wall-clock safety net fired: the result depended on timing
+    layer_homes: tuple[tuple[int, int], ...] = ()  # (layer, chiplet its non-weight work runs on), as costed
+    solver: str = "greedy"  # as asked: "greedy", "cpsat" or "auto"
+    solver_note: str = ""  # what ran and why (auto: the greedy placement's gap to the bound)
 
     @property
     def gap(self) -> float:
@@ -106,6 +109,8 @@ class Placement:
             "gap_to_bound": round(self.gap, 6),
             "solve_time_s": round(self.solve_time_s, 3),
             "seed": self.seed,
+            "solver": self.solver,
+            "solver_note": self.solver_note,
             "batch_tokens": self.batch_tokens,
             "warnings": list(self.warnings),
             "tiles": len(self.tiles),
@@ -126,6 +131,7 @@ class Placement:
                 for lc, (r, s) in zip(self.layer_costs, self.tiles_per_layer().values(), strict=True)
             ],
             "cut_bytes_per_step": dict(self.cut_bytes_by_level),
+            "layer_homes": [{"layer": layer, "chiplet": c} for layer, c in self.layer_homes],
             "solves": [{"layer": s.layer, "method": s.method, "cost_ps": s.cost_ps, "greedy_cost_ps": s.greedy_cost_ps}
                        for s in self.solves],
             "assignment": [

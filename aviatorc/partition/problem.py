@@ -36,6 +36,12 @@ function of `where` alone. Costs are integer picoseconds per decode step:
   the same chiplet). The last group of a layer hands on to the next layer's first group, so
   consecutive layers on different cards pay a card-to-card transfer. A hand-off is charged to
   the layer of the group that sends it, and only when both groups are in the tiles costed.
+- home(g): where the layer's attention, norms and other non-weight work run (the chiplet holding
+  its KV cache, known before the weights are placed: `memory.py`), when the caller gives one. The
+  scheduler sends each group's input from there and collects its output there, so a group with a
+  home pays a transfer of its activation from the home to its root and of its output back, and
+  its hand-off to the next group leaves from the home (and reaches the next group's home, if it
+  has one, else its root). Weights placed away from their layer's home pay for it every step.
 
 Compute chiplets: per group, resident tiles first, then streamed tiles in decreasing work
 (ties by index), each onto the allowed chiplet its channel attaches to where it adds least to
@@ -84,6 +90,10 @@ class Problem:
     chiplets: tuple[int, ...]  # the chiplets this placement may use, sorted
     stream_channels: tuple[int, ...]  # the channels that may stream (attached to an allowed chiplet)
     batch_tokens: int
+    group_home: tuple[int, ...] = ()  # group -> its layer's home chiplet, -1 for none (empty: no homes given)
+
+    def home_of(self, group: int) -> int:
+        return self.group_home[group] if self.group_home else -1
 
     @property
     def num_chiplets(self) -> int:
@@ -145,10 +155,11 @@ def capacities(target: Target, reserve_bytes: Sequence[int] | None, chiplets: Se
 
 def build_problem(tiles: Sequence[Tile], target: Target, *, batch_tokens: int = 1,
                   vocab_rows: dict[str, int] | None = None, reserve_bytes: Sequence[int] | None = None,
-                  chiplets: Iterable[int] | None = None) -> Problem:
+                  chiplets: Iterable[int] | None = None, homes: Mapping[int, int] | None = None) -> Problem:
     """Cost every tile on `target` for a decode step of `batch_tokens` tokens.
 
-    `vocab_rows`: the table rows of each embedding and tied head (the lookup reads one per token)."""
+    `vocab_rows`: the table rows of each embedding and tied head (the lookup reads one per token).
+    `homes`: layer -> the chiplet its non-weight work runs on (module docstring); an allowed chiplet."""
     vocab_rows = vocab_rows or {}
     allowed = resolve_chiplets(target, chiplets)
     capacity, reserve = capacities(target, reserve_bytes, allowed)
@@ -186,6 +197,11 @@ def build_problem(tiles: Sequence[Tile], target: Target, *, batch_tokens: int = 
         order.setdefault(tile.group, (tile.layer, index))
     groups = tuple(sorted(order, key=lambda g: order[g]))
     index_of = {g: i for i, g in enumerate(groups)}
+    homes = dict(homes or {})
+    outside = sorted(c for c in homes.values() if c not in allowed)
+    if outside:
+        raise OptionError(f"layer homes on chiplets {outside} outside the placement's chiplets",
+                          hint="give each layer a home among the allowed chiplets")
     edge = tuple(tuple(round(link.transfer_s(group_act[g]) * PS) for link in target.links) for g in groups)
     return Problem(
         target=target,
@@ -207,6 +223,7 @@ def build_problem(tiles: Sequence[Tile], target: Target, *, batch_tokens: int = 
         chiplets=allowed,
         stream_channels=tuple(sorted({target.channel_of(c) for c in allowed})),
         batch_tokens=batch_tokens,
+        group_home=tuple(homes.get(order[g][0], -1) for g in groups) if homes else (),
     )
 
 
@@ -252,6 +269,23 @@ def handoff_ps(source: int, dest: int, nbytes: int, target: Target) -> int:
     """One transfer of `nbytes` from chiplet `source` to `dest` (0 on the same chiplet)."""
     link = target.link_between(source, dest)
     return 0 if link is None else round(link.transfer_s(nbytes) * PS)
+
+
+def home_trips_ps(problem: Problem, group: int, root: int) -> int:
+    """A group's input from its home to its root and its output back (0 without a home)."""
+    home = problem.home_of(group)
+    if home < 0:
+        return 0
+    return (handoff_ps(home, root, problem.group_act_bytes[group], problem.target)
+            + handoff_ps(root, home, problem.group_out_bytes[group], problem.target))
+
+
+def next_handoff_ps(problem: Problem, group: int, root: int, after: int, after_root: int) -> int:
+    """`group`'s output handed on to the group `after` it: from its home (its root without one) to
+    the next group's home (its root without one)."""
+    source = problem.home_of(group) if problem.home_of(group) >= 0 else root
+    dest = problem.home_of(after) if problem.home_of(after) >= 0 else after_root
+    return handoff_ps(source, dest, problem.group_out_bytes[group], problem.target)
 
 
 def _marginal_edge(problem: Problem, c: int, used: set[int], packages: set[int], cards: set[int],
@@ -363,16 +397,17 @@ def layer_costs(problem: Problem, where: Sequence[int], tiles: Sequence[int] | N
         cut = sum(tree_ps(set(load[g]), target, problem.edge_ps[g]) for g in groups)
         collect = 0
         for g in groups:
-            collect += gather_ps(slices[g], target)
+            collect += gather_ps(slices[g], target) + home_trips_ps(problem, g, min(load[g]))
             after = problem.next_group[g]
             if after >= 0 and after in load:
-                collect += handoff_ps(min(load[g]), min(load[after]), problem.group_out_bytes[g], target)
+                collect += next_handoff_ps(problem, g, min(load[g]), after, min(load[after]))
         result.append(LayerCost(layer, compute_ps, max(stream.get(layer, {0: 0}).values()), cut, collect))
     return result
 
 
 def group_cost_ps(problem: Problem, where: Sequence[int], members: Sequence[int]) -> int:
-    """One group's compute, broadcast and gather (no streaming, no hand-off): the greedy's yardstick."""
+    """One group's compute, broadcast, gather and trips to its home (no streaming, no hand-off to
+    another group): the greedy's yardstick."""
     compute = compute_of(problem, where, members)
     load: dict[int, int] = {}
     slices: dict[int, int] = {}
@@ -383,7 +418,7 @@ def group_cost_ps(problem: Problem, where: Sequence[int], members: Sequence[int]
         load[compute[t]] = load.get(compute[t], 0) + problem.work_ps[t]
         slices[compute[t]] = slices.get(compute[t], 0) + problem.out_bytes[t]
     return (max(load.values(), default=0) + tree_ps(set(load), problem.target, problem.edge_ps[g])
-            + gather_ps(slices, problem.target))
+            + gather_ps(slices, problem.target) + (home_trips_ps(problem, g, min(load)) if load else 0))
 
 
 def total_cost(problem: Problem, where: Sequence[int], tiles: Sequence[int] | None = None) -> int:

@@ -1,7 +1,8 @@
 """The scheduler, its simulation, and the physical bound: a placement becomes a plan.
 
     memory = plan_memory(model_facts(graph, tiles), tiles, target, workload, chiplets=allowed)
-    placement = partition(weights, target, reserve_bytes=memory.reserve_bytes, chiplets=allowed)
+    placement = partition(weights, target, reserve_bytes=memory.reserve_bytes, chiplets=allowed,
+                          homes=memory.kv.chiplet_of_layer)
     plan = schedule(graph, placement, weights, target, workload, memory)
     plan.prediction.time_per_token_s, plan.prediction.efficiency, plan.prediction.ranges
 

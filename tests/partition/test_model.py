@@ -186,3 +186,66 @@ def test_a_tied_head_is_placed_and_costed_once():
         s.storage_bytes for s in specs) == placement.resident_bytes + placement.streamed_bytes
     head_layer = next(lc for lc in placement.layer_costs if lc.layer == 2)
     assert head_layer.compute_ps > 0  # the largest matmul of the step is charged
+
+
+# -- layer homes ---------------------------------------------------------------------------------
+
+
+def _two_layers_with_room_on_card_0(target):
+    """Two layers of two weights each; card 0 has four times card 1's free SRAM (its chiplets hold
+    no KV cache), so a placement blind to homes takes card 0."""
+    specs = [WeightSpec(f"layers.{layer}.w{j}", layer, "linear", 64, 32, FP16, f"x{layer}.{j}")
+             for layer in range(2) for j in range(2)]
+    per_card = target.chiplets_per_card
+    reserve = [target.chiplet.sram_bytes - (8 if c < per_card else 2) * TILE_BYTES for c in range(target.num_chiplets)]
+    return specs, reserve
+
+
+def test_weights_follow_their_layers_home_across_cards():
+    # Both layers' homes (their KV caches, attention and norms) on card 1. Without homes the
+    # weights go to the roomier card 0, and every group's input and output would cross cards to
+    # its home each step; with them every tile computes on card 1.
+    target = load_target("mock", cards=2)
+    specs, reserve = _two_layers_with_room_on_card_0(target)
+    per_card = target.chiplets_per_card
+    blind = partition(specs, target, tiles_per_weight=2, reserve_bytes=reserve, time_limit_s=0.5)
+    assert {target.card_of(c) for c in blind.compute_chiplet} == {0}
+    homes = {0: per_card, 1: per_card + 1}
+    placement = partition(specs, target, tiles_per_weight=2, reserve_bytes=reserve, time_limit_s=0.5, homes=homes)
+    assert {target.card_of(c) for c in placement.compute_chiplet} == {1}
+    assert dict(placement.layer_homes) == homes
+    # The trips are in the cost: the blind placement, costed with the homes, pays card-to-card
+    # transfers (1 us each at least) that the home-aware one does not.
+    problem = make_problem(specs, target, tiles_per_weight=2, reserve_bytes=reserve, homes=homes)
+    assert total_cost(problem, blind.where) - placement.objective_ps > 4 * 1_000_000
+
+
+def test_home_trips_are_costed_by_hand():
+    # One weight, two strips on chiplets 0 and 1 (the only ones with room), home on chiplet 2 (the
+    # other package): the activation (128 B) goes home -> root (chiplet 0) and the output (64 B)
+    # root -> home, both package to package (200 ns + bytes / 50 GB/s), beside the broadcast
+    # (128 B) and the collection of chiplet 1's 32 B, die to die (100 ns + bytes / 100 GB/s).
+    target = load_target("mock")
+    specs = [WeightSpec("layers.0.w", 0, "linear", 64, 32, FP16, "x")]
+    sram = target.chiplet.sram_bytes
+    reserve = [sram - TILE_BYTES, sram - TILE_BYTES, sram, sram]
+    placement = partition(specs, target, tiles_per_weight=2, reserve_bytes=reserve, homes={0: 2}, streaming=False)
+    assert sorted(placement.where) == [0, 1]
+    p2p = sum(200_000 + round(nbytes / 50e9 * 1e12) for nbytes in (128, 64))
+    d2d = sum(100_000 + round(nbytes / 100e9 * 1e12) for nbytes in (128, 32))
+    assert placement.objective_ps == WORK_PS + d2d + p2p
+    without = partition(specs, target, tiles_per_weight=2, reserve_bytes=reserve, streaming=False)
+    assert placement.objective_ps - without.objective_ps == p2p
+
+
+def test_the_checker_recomputes_the_home_trips():
+    target = load_target("mock", cards=2)
+    specs, reserve = _two_layers_with_room_on_card_0(target)
+    homes = {0: target.chiplets_per_card, 1: target.chiplets_per_card}
+    placement = partition(specs, target, tiles_per_weight=2, reserve_bytes=reserve, time_limit_s=0.5, homes=homes)
+    check_placement(placement, specs, target, reserve_bytes=reserve, homes=homes)
+    with pytest.raises(PlacementCheckError, match="layer homes"):
+        check_placement(placement, specs, target, reserve_bytes=reserve, homes={0: 0, 1: 0})
+    moved = replace(placement, layer_homes=((0, 0), (1, 0)))  # costed as if home were on card 0
+    with pytest.raises(PlacementCheckError, match="objective"):
+        check_placement(moved, specs, target, reserve_bytes=reserve, homes={0: 0, 1: 0})

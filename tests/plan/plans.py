@@ -20,7 +20,7 @@ from aviatorc.target import Target, load_target
 
 # At the mock target's own SRAM the tiny llama, its KV cache and its home share one chiplet (no
 # transfers); at this size every tile is still resident, on three chiplets that send to each other.
-SPREAD_SRAM_BYTES = 26624
+SPREAD_SRAM_BYTES = 30720
 STREAMING_SRAM_BYTES = 13312  # the tiny llama's ~35 KB of int8 weights stream at this size on 4 chiplets
 WORKLOAD = Workload(batch=1, context=64, prompt=8)
 
@@ -71,7 +71,8 @@ def build(graph: Graph, case: Case) -> Built:
     problem = make_problem(weights, target)
     memory = plan_memory(model_facts(graph, problem.tiles), problem.tiles, target, WORKLOAD, chiplets=allowed,
                          kv=case.kv)
-    placement = partition(weights, target, reserve_bytes=memory.reserve_bytes, chiplets=allowed)
+    placement = partition(weights, target, reserve_bytes=memory.reserve_bytes, chiplets=allowed,
+                          homes=memory.kv.chiplet_of_layer)
     plan = schedule(graph, placement, weights, target, WORKLOAD, memory, chiplets=allowed, prefetch=case.prefetch,
                     sweep=False)
     return Built(plan, target)

