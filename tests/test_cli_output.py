@@ -130,7 +130,8 @@ def test_the_summary_states_what_the_figures_leave_out(tmp_path):
     result = run_cli("compile", str(path), "-o", str(tmp_path / "m.avc"), "--target", "mock")
     assert result.returncode == 0, result.stderr
     text = " ".join(result.stdout.split())
-    assert "above the lower bound (the bound leaves out collecting outputs and the hand-offs between layers);" in text
+    assert ("above the lower bound (the bound leaves out collecting outputs, the hand-offs between layers and the "
+            "trips to each layer's home);") in text
     # the scheduler's note, right under the predicted figures it qualifies
     assert text.index("predicted time to first token") < text.index("(prediction: costs modelled") \
         < text.index("SRAM: KV cache")

@@ -69,6 +69,8 @@ def check_placement(placement: Placement, weights: list[WeightSpec], target: Tar
 
     # Objective from first principles, and the bound below it.
     homes = {layer: c for layer, c in (homes or {}).items() if any(t.layer == layer for t in tiles)}
+    if any(c not in allowed for c in homes.values()):
+        raise PlacementCheckError(f"layer homes {homes} outside the allowed chiplets")
     if dict(placement.layer_homes) != homes:
         raise PlacementCheckError(f"placement costed layer homes {dict(placement.layer_homes)}, given {homes}")
     expected = _objective(placement, weights, target, batch_tokens, homes)

@@ -84,12 +84,16 @@ def layer_units(problem: Problem) -> list[list[int]]:
 
 
 def signature(problem: Problem, tiles: list[int]) -> tuple:
+    """What makes two layers' placements interchangeable: their tiles in order and, since a template
+    is reused on the same chiplets, their groups' homes (a layer reusing the placement of one whose
+    home is on another card would pay trips to its own home every step)."""
     groups: dict[int, int] = {}
     parts = []
     for t in tiles:
         tile = problem.tiles[t]
-        g = groups.setdefault(problem.group_of[t], len(groups))
-        parts.append((tile.role, tile.k, tile.n, tile.format.name, g, problem.edge_ps[problem.group_of[t]]))
+        group = problem.group_of[t]
+        g = groups.setdefault(group, len(groups))
+        parts.append((tile.role, tile.k, tile.n, tile.format.name, g, problem.edge_ps[group], problem.home_of(group)))
     return tuple(parts)
 
 

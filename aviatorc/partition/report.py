@@ -16,7 +16,8 @@ from aviatorc.partition.feasibility import human_bytes
 from aviatorc.partition.placement import Placement
 
 # What the lower bound leaves out (docs/partition.md: most of the gap on SRAM-resident models).
-BOUND_LEAVES_OUT = "the bound leaves out collecting outputs and the hand-offs between layers"
+BOUND_LEAVES_OUT = ("the bound leaves out collecting outputs, the hand-offs between layers and the trips to "
+                    "each layer's home")
 
 
 def placement_dict(placement: Placement) -> dict[str, Any]:

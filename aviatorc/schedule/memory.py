@@ -181,11 +181,12 @@ def plan_memory(facts: ModelFacts, tiles: Sequence[Tile], target: Target, worklo
     # the model needs, so that consecutive layers share a card and each of those cards holds its
     # share of the caches. Dealt round-robin over every chiplet, 32 layers on 8 cards all went to
     # the first 4, the weights took the room the other 4 had left, and every layer's hand-offs
-    # crossed cards (Llama-3-8B x8 at batch 16: 3.83 ms a token, 1.60 with the caches spread).
+    # crossed cards (Llama-3-8B x8 at batch 16: 3.83 ms a token, 1.59 with the caches spread).
     # The partitioner then places each layer's weights around its home (`partition(homes=...)`).
-    weight_bytes = sum(t.storage_bytes for t in tiles)
-    homes = _home_chiplets(target, chiplets, weight_bytes + (total_kv if location == "sram" else 0),
-                           scratch + max(staging, prefill_staging))
+    in_sram = location == "sram"
+    homes = _home_chiplets(target, chiplets, sum(t.storage_bytes for t in tiles) + (total_kv if in_sram else 0),
+                           scratch + max(staging, prefill_staging), len(per_layer),
+                           max(per_layer.values(), default=0) if in_sram else 0)
     owners = {layer: homes[i * len(homes) // len(per_layer)] for i, layer in enumerate(sorted(per_layer))}
     reserve = [0] * target.num_chiplets
     for c in chiplets:
@@ -284,16 +285,20 @@ def _activation_peak_bytes(facts: ModelFacts, target: Target, tokens: int, outpu
     return peak
 
 
-def _home_chiplets(target: Target, chiplets: Sequence[int], nbytes: int, reserve: int) -> list[int]:
+def _home_chiplets(target: Target, chiplets: Sequence[int], nbytes: int, reserve: int, layers: int,
+                   layer_bytes: int) -> list[int]:
     """The chiplets of the fewest cards (in order) whose SRAM, less `reserve` a chiplet, holds
-    `nbytes` at `HOME_CARDS_FILL`; every chiplet when none do."""
+    `nbytes` at `HOME_CARDS_FILL`, and where each chiplet's share of the `layers` homes (their
+    caches of `layer_bytes` each, when in SRAM) fits beside its reserve; every chiplet when none do."""
     by_card: dict[int, list[int]] = {}
     for c in chiplets:
         by_card.setdefault(target.card_of(c), []).append(c)
+    sram = target.chiplet.sram_bytes
     chosen: list[int] = []
     for card in sorted(by_card):
         chosen += by_card[card]
-        if HOME_CARDS_FILL * len(chosen) * max(0, target.chiplet.sram_bytes - reserve) >= nbytes:
+        caches = -(-layers // len(chosen)) * layer_bytes  # the most homes dealt to one chiplet
+        if HOME_CARDS_FILL * len(chosen) * max(0, sram - reserve) >= nbytes and reserve + caches < sram:
             return chosen
     return list(chiplets)
 

@@ -237,7 +237,7 @@ def test_three_cards_place_without_crashing():
     assert all(b <= target.usable_sram_bytes_per_chiplet for b in placement.chiplet_bytes)
 
 
-def test_auto_runs_cp_sat_only_where_the_greedy_gap_is_above_its_threshold():
+def test_auto_runs_cp_sat_only_where_the_greedy_gap_is_above_its_threshold(monkeypatch):
     # The unequal-tiles case: the greedy placement is well above the bound, so auto solves and
     # gets CP-SAT's cheaper placement. Raising the threshold over that gap skips every solve.
     from aviatorc import partition as partition_module
@@ -250,11 +250,7 @@ def test_auto_runs_cp_sat_only_where_the_greedy_gap_is_above_its_threshold():
     cpsat = partition(specs, target, tiles_per_weight=1, solver="cpsat", time_limit_s=5)
     assert auto.where == cpsat.where and auto.objective_ps < greedy.objective_ps
     assert "CP-SAT layer solves ran" in auto.solver_note and f"{gap:.2%}" in auto.solver_note
-    old = partition_module.AUTO_GAP
-    partition_module.AUTO_GAP = gap + 0.01
-    try:
-        skipped = partition(specs, target, tiles_per_weight=1, solver="auto", time_limit_s=5)
-    finally:
-        partition_module.AUTO_GAP = old
+    monkeypatch.setattr(partition_module, "AUTO_GAP", gap + 0.01)
+    skipped = partition(specs, target, tiles_per_weight=1, solver="auto", time_limit_s=5)
     assert skipped.where == greedy.where and skipped.status == "greedy" and not skipped.solves[0].method.startswith("cpsat")
     assert "no CP-SAT solve" in skipped.solver_note

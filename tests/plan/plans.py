@@ -43,7 +43,7 @@ CASES: dict[str, Case] = {
     "no-prefetch": Case(sram_bytes=STREAMING_SRAM_BYTES, kv="lpddr", prefetch=False),
     "two-cards": Case(cards=2, sram_bytes=STREAMING_SRAM_BYTES),
     "subset": Case(sram_bytes=SPREAD_SRAM_BYTES, chiplets=(0, 1)),  # on both, sending between them
-    "subset-streaming": Case(sram_bytes=32768, chiplets=(1, 2)),
+    "subset-streaming": Case(sram_bytes=28672, chiplets=(1, 2)),
     "chiplet-channels": Case(sram_bytes=STREAMING_SRAM_BYTES, lpddr_attach="chiplet"),
 }
 
