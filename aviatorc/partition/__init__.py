@@ -238,7 +238,5 @@ def _assemble(problem: Problem, where: list[int], cost: int, greedy_cost: int, s
         resident_bytes=resident, streamed_bytes=streamed, streamed_read_bytes_per_step=streamed_read,
         min_streamed_read_bytes=bound.min_streamed_bytes, layer_costs=tuple(layer_costs(problem, where, compute=compute)),
         cut_bytes_by_level=tuple(zip((link.name for link in target.links), cut, strict=True)), solves=tuple(solves),
-        seed=seed, batch_tokens=problem.batch_tokens,
-        layer_homes=tuple(sorted({tile.layer: problem.home_of(problem.group_of[t])
-                                  for t, tile in enumerate(problem.tiles) if problem.home_of(problem.group_of[t]) >= 0}.items())))
+        seed=seed, batch_tokens=problem.batch_tokens, layer_homes=tuple(sorted(problem.layer_homes().items())))
     return replace(placement, solve_time_s=round(elapsed, 3))

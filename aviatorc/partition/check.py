@@ -189,13 +189,13 @@ def _objective(placement: Placement, weights: list[WeightSpec], target: Target, 
         cards = {c // per_card for c in chips}
         total += (len(chips) - len(packages)) * cost[0] + (len(packages) - len(cards)) * cost[1] + (len(cards) - 1) * cost[2]
         total += _collect(out[key], target)
-        home = homes.get(key[0], -1)
-        if home >= 0:  # the input comes from the layer's home, the output goes back there
-            total += _send(home, min(chips), act[key], target) + _send(min(chips), home, sum(out[key].values()), target)
+        root = min(chips)
+        if key[0] in homes:  # the input comes from the layer's home, the output goes back there
+            home = homes[key[0]]
+            total += _send(home, root, act[key], target) + _send(root, home, sum(out[key].values()), target)
         if position + 1 < len(keys):  # hand the whole output on: from the home (or lowest chiplet) to the next's
             after = keys[position + 1]
-            src = home if home >= 0 else min(chips)
-            dst = homes.get(after[0], -1) if homes.get(after[0], -1) >= 0 else min(load[after])
+            src, dst = homes.get(key[0], root), homes.get(after[0], min(load[after]))
             total += _send(src, dst, sum(out[key].values()), target)
     return total
 

@@ -95,6 +95,10 @@ class Problem:
     def home_of(self, group: int) -> int:
         return self.group_home[group] if self.group_home else -1
 
+    def layer_homes(self) -> dict[int, int]:
+        """layer -> its home, for the layers with tiles and a home."""
+        return {self.tiles[t].layer: self.home_of(g) for t, g in enumerate(self.group_of) if self.home_of(g) >= 0}
+
     @property
     def num_chiplets(self) -> int:
         return self.target.num_chiplets
@@ -283,9 +287,11 @@ def home_trips_ps(problem: Problem, group: int, root: int) -> int:
 def next_handoff_ps(problem: Problem, group: int, root: int, after: int, after_root: int) -> int:
     """`group`'s output handed on to the group `after` it: from its home (its root without one) to
     the next group's home (its root without one)."""
-    source = problem.home_of(group) if problem.home_of(group) >= 0 else root
-    dest = problem.home_of(after) if problem.home_of(after) >= 0 else after_root
-    return handoff_ps(source, dest, problem.group_out_bytes[group], problem.target)
+    def where(g: int, g_root: int) -> int:
+        home = problem.home_of(g)
+        return home if home >= 0 else g_root
+
+    return handoff_ps(where(group, root), where(after, after_root), problem.group_out_bytes[group], problem.target)
 
 
 def _marginal_edge(problem: Problem, c: int, used: set[int], packages: set[int], cards: set[int],
