@@ -199,6 +199,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--solver", choices=SOLVER_CHOICES, default=DEFAULTS.solver,
                    help="partitioner: greedy alone (default); greedy then CP-SAT per layer; or auto: CP-SAT only where the "
                    "greedy placement is over 2%% above its lower bound")
+    p.add_argument("--routing", default=None, metavar="uniform|zipf:S|FILE.json",
+                   help="a mixture of experts' routing, which decides what a decode step reads: uniform, zipf:S (the "
+                        "expert of rank r fires in proportion to 1/r^S), or a JSON file of each expert's share per "
+                        "layer (report.json's 'routing' has the form); default: measured on the calibration data, "
+                        "else uniform")
     p.add_argument("--seed", type=int, default=0, help="the partitioner's random seed (the same seed and inputs "
                    "give a byte-identical artifact)")
     _add_verbosity(p, quiet="print nothing but warnings and errors (no progress, no summary)")
@@ -466,7 +471,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         "ranges": not args.no_ranges, "sweep": not args.no_sweep,
         "kv_cache": args.kv_cache, "kv_dtype": args.kv_dtype, "kv_recent": args.kv_recent,
         "kv_sinks": DEFAULTS.kv_sinks if args.kv_sinks is None else args.kv_sinks,
-        "solver": args.solver, "chiplets": args.chiplets, "prefill": args.prefill,
+        "solver": args.solver, "chiplets": args.chiplets, "prefill": args.prefill, "routing": args.routing,
     }
     from aviatorc.plan.artifact import check_output_path
 

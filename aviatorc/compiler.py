@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -276,7 +276,7 @@ def compile(  # noqa: A001 - the public verb is `aviatorc.compile`
         with stage(_logger, f"measuring accuracy against the fp32 model on {len(held_out or [])} batch(es): "
                    f"{split.note}", echo=echo):
             report.data["accuracy"] = accuracy_report(reference, graph, held_out or []) | {"data": split.to_dict()}
-    placement, plan = _place_and_schedule(graph, target, opts, time_limit_s, report, timings, echo)
+    placement, plan = _place_and_schedule(graph, target, opts, time_limit_s, report, timings, echo, batches)
     return CompileResult(graph, report, opts, placement, plan, target, timings)
 
 
@@ -289,7 +289,8 @@ def _max_positions(graph: Graph) -> int | None:
 
 
 def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_limit_s: float, report: Report,
-                        timings: dict[str, Any], echo: Callable[[str], None] | None) -> tuple[Any, Any]:
+                        timings: dict[str, Any], echo: Callable[[str], None] | None,
+                        calibration: Sequence[Mapping[str, Any]] | None = None) -> tuple[Any, Any]:
     """Memory plan, partition, schedule and check: the placement and the plan."""
     import hashlib
 
@@ -304,6 +305,9 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
     from aviatorc.schedule import Workload, model_facts, plan_memory, schedule
 
     weights = weights_from_graph(graph)
+    routing = _routing(graph, weights, opts, calibration)
+    if routing is not None:
+        report.data["routing"] = routing.to_dict()
     workload = Workload(opts.batch, opts.context, opts.prompt)
     allowed = list(parse_chiplets(opts.chiplets, target.num_chiplets) or range(target.num_chiplets))
     tiles = make_problem(weights, target, chiplets=allowed).tiles
@@ -323,7 +327,7 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
     with stage(_logger, f"partitioning onto {target.name} ({len(allowed)} chiplets)", echo=echo) as task:
         placement = partition(weights, target, time_limit_s=time_limit_s, seed=opts.seed,
                               reserve_bytes=memory.reserve_bytes, chiplets=allowed, solver=opts.solver,
-                              homes=memory.kv.chiplet_of_layer)
+                              homes=memory.kv.chiplet_of_layer, routing=routing)
         task.finish(f"{placement.status}, {placement.gap:.2%} above the lower bound")
     report.data["placement"] = {k: v for k, v in placement.to_dict().items() if k != "solve_time_s"}
     timings["partition_s"] = placement.solve_time_s
@@ -332,7 +336,7 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
                f"(prompt {workload.prompt})", echo=echo):
         plan = schedule(graph, placement, weights, target, workload, memory, chiplets=allowed, prefetch=opts.prefetch,
                         ranges=opts.ranges, sweep=opts.sweep, max_context=_max_positions(graph),
-                        target_sha256=hashlib.sha256(target.to_toml().encode()).hexdigest())
+                        target_sha256=hashlib.sha256(target.to_toml().encode()).hexdigest(), routing=routing)
         check_plan(plan, target)  # independent of the scheduler: a failure here is an aviatorc bug
     if layout is not None and layout.per_token:
         steps_s = workload.prompt * plan.prediction.time_per_token_s
@@ -345,6 +349,24 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
                            "notes": list(plan.notes),
                            "instructions": {phase: p.count() for phase, p in sorted(plan.programs.items())}}
     return placement, plan
+
+
+def _routing(graph: Graph, weights: Any, opts: CompileOptions,
+             calibration: Sequence[Mapping[str, Any]] | None) -> Any:
+    """A mixture of experts' routing (`aviatorc.routing`): `opts.routing`, else measured on the
+    calibration batches, else uniform; None for a model without experts."""
+    from aviatorc.routing import measure_routing, moe_blocks, routing_for
+
+    blocks = moe_blocks(graph, weights)
+    if not blocks:
+        if opts.routing is not None:
+            _logger.warning(f"--routing {opts.routing} ignored: the model has no mixture of experts")
+        return None
+    if opts.routing is None and calibration:
+        with stage(_logger, f"measuring the routing of {len(blocks)} MoE blocks on {len(calibration)} "
+                   "calibration batch(es)"):
+            return measure_routing(graph, blocks, calibration)
+    return routing_for(opts.routing or "uniform", blocks)
 
 
 def _text_calibration(graph: Graph, text: str, tokenizer: Any) -> list[dict[str, np.ndarray]]:

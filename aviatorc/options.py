@@ -76,6 +76,9 @@ class CompileOptions:
     # scheduled plans of tools/bench_plan.py CP-SAT changed the simulated time per token by at most
     # 0.01% while taking about 10x the partition time (BENCHMARKS.md, "Does CP-SAT earn its place?").
     solver: str = "greedy"
+    # A mixture of experts' routing (`aviatorc.routing`): "uniform", "zipf:S" or a JSON file of each
+    # expert's share per layer. None: measured on the calibration data when there is some, else uniform.
+    routing: str | None = None
     # The prefill schedule: "stationary" streams each weight once per pass over the prompt (its
     # SRAM for a layer's staged tiles and the pass's hand-off comes from the weights, so a decode
     # step streams a little more); "chunked" re-streams every weight per chunk, as main did.
@@ -107,6 +110,10 @@ class CompileOptions:
                               hint=f"choose one of {', '.join(KV_CACHE_CHOICES)}")
         if self.solver not in SOLVER_CHOICES:
             raise OptionError(f"unknown partition solver '{self.solver}'", hint=f"choose one of {', '.join(SOLVER_CHOICES)}")
+        if self.routing is not None and not (self.routing == "uniform" or self.routing.startswith("zipf:")
+                                             or self.routing.endswith(".json")):
+            raise OptionError(f"unknown routing '{self.routing}'", hint="choose uniform, zipf:S (e.g. zipf:1.2) or a "
+                              "FILE.json of each expert's share per layer")
         if self.prefill not in PREFILL_CHOICES:
             raise OptionError(f"unknown prefill schedule '{self.prefill}'", hint=f"choose one of {', '.join(PREFILL_CHOICES)}")
         if self.kv_dtype not in KV_DTYPE_CHOICES:

@@ -33,6 +33,7 @@ from aviatorc.partition.problem import (
 )
 from aviatorc.partition.tiling import Tile, WeightSpec, tile_weights
 from aviatorc.progress import Stage, stage
+from aviatorc.routing import Routing
 from aviatorc.target import Target
 
 _logger = logging.getLogger("aviatorc.partition")
@@ -83,8 +84,9 @@ def solve_budget(time_limit_s: float) -> SolveBudget:
 
 def make_problem(weights: list[WeightSpec], target: Target, *, batch_tokens: int = 1,
                  tiles_per_weight: int | None = None, reserve_bytes: Sequence[int] | None = None,
-                 chiplets: Iterable[int] | None = None, homes: Mapping[int, int] | None = None) -> Problem:
-    """Tile `weights` for `target` and cost the tiles (`homes`: `build_problem`'s).
+                 chiplets: Iterable[int] | None = None, homes: Mapping[int, int] | None = None,
+                 routing: Routing | None = None) -> Problem:
+    """Tile `weights` for `target` and cost the tiles (`homes`, `routing`: `build_problem`'s).
 
     Each weight is cut into `tiles_per_weight` strips (default: one per allowed chiplet, so a
     layer can spread over all of them), more where a strip would exceed half of the largest
@@ -98,14 +100,14 @@ def make_problem(weights: list[WeightSpec], target: Target, *, batch_tokens: int
     # Rows a lookup chooses among: an embedding's k; a tied head's n (its columns are the table's rows).
     vocab_rows = {w.name: w.k if w.is_embedding else w.n for w in weights if w.is_embedding or w.is_tied_head}
     return build_problem(tiles, target, batch_tokens=batch_tokens, vocab_rows=vocab_rows, reserve_bytes=reserve_bytes,
-                         chiplets=allowed, homes=homes)
+                         chiplets=allowed, homes=homes, routing=routing)
 
 
 def partition(weights: list[WeightSpec], target: Target, *, time_limit_s: float = 30.0, seed: int = 0,
               batch_tokens: int = 1, streaming: bool = True, tiles_per_weight: int | None = None,
               check: bool = True, deterministic: bool = True, reserve_bytes: Sequence[int] | None = None,
               chiplets: Iterable[int] | None = None, solver: str = "cpsat",
-              homes: Mapping[int, int] | None = None) -> Placement:
+              homes: Mapping[int, int] | None = None, routing: Routing | None = None) -> Placement:
     """Place every weight tile on `target`: resident on a chiplet or (with `streaming`) streamed.
 
     `solver="greedy"` keeps the greedy placement and runs no CP-SAT solve (`tools/bench_plan.py`
@@ -123,7 +125,9 @@ def partition(weights: list[WeightSpec], target: Target, *, time_limit_s: float 
     chiplets the placement may use (resident tiles and compute chiplets), e.g. `range(0, 8)`,
     so that models can share a server in isolation; None allows all. `homes`: layer -> the chiplet
     its attention and other non-weight work run on (its KV cache's, `schedule.plan_memory`): each
-    group's trips to its home are part of the cost, so weights are placed beside it.
+    group's trips to its home are part of the cost, so weights are placed beside it. `routing`:
+    how often each expert fires (`aviatorc.routing`): an expert costs what a step reads of it in
+    expectation, so the experts that fire most are the ones kept resident.
     """
     started = time.monotonic()
     if solver not in SOLVERS:
@@ -133,7 +137,7 @@ def partition(weights: list[WeightSpec], target: Target, *, time_limit_s: float 
     allowed = resolve_chiplets(target, chiplets)
     explain_infeasible(weights, target, streaming=streaming, reserve_bytes=reserve_bytes, chiplets=allowed)
     problem = make_problem(weights, target, batch_tokens=batch_tokens, tiles_per_weight=tiles_per_weight,
-                           reserve_bytes=reserve_bytes, chiplets=allowed, homes=homes)
+                           reserve_bytes=reserve_bytes, chiplets=allowed, homes=homes, routing=routing)
     budget = solve_budget(time_limit_s)
     warnings: list[str] = []
     task: Stage | None = None  # the CP-SAT stage's progress, while it runs
@@ -193,7 +197,7 @@ def partition(weights: list[WeightSpec], target: Target, *, time_limit_s: float 
     placement = replace(placement, warnings=tuple(warnings), solver=solver, solver_note=note)
     if check:
         check_placement(placement, weights, target, batch_tokens=batch_tokens, reserve_bytes=reserve_bytes,
-                        chiplets=allowed, homes=homes)
+                        chiplets=allowed, homes=homes, routing=routing)
     return placement
 
 

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from aviatorc.partition.placement import Placement
 from aviatorc.partition.tiling import Tile, WeightSpec
+from aviatorc.routing import Routing
 from aviatorc.target import Target
 
 
@@ -28,7 +29,7 @@ class PlacementCheckError(RuntimeError):
 
 def check_placement(placement: Placement, weights: list[WeightSpec], target: Target, *, batch_tokens: int = 1,
                     reserve_bytes: Sequence[int] | None = None, chiplets: Iterable[int] | None = None,
-                    homes: Mapping[int, int] | None = None) -> None:
+                    homes: Mapping[int, int] | None = None, routing: Routing | None = None) -> None:
     specs = {w.name: w for w in weights}
     tiles = placement.tiles
     where = placement.where
@@ -73,7 +74,7 @@ def check_placement(placement: Placement, weights: list[WeightSpec], target: Tar
         raise PlacementCheckError(f"layer homes {homes} outside the allowed chiplets")
     if dict(placement.layer_homes) != homes:
         raise PlacementCheckError(f"placement costed layer homes {dict(placement.layer_homes)}, given {homes}")
-    expected = _objective(placement, weights, target, batch_tokens, homes)
+    expected = _objective(placement, weights, target, batch_tokens, homes, routing)
     if expected != placement.objective_ps:
         raise PlacementCheckError(f"reported objective {placement.objective_ps} ps, recomputed {expected} ps")
     if placement.bound_ps > placement.objective_ps:
@@ -142,7 +143,7 @@ def _ps(seconds: float) -> int:
 
 
 def _objective(placement: Placement, weights: list[WeightSpec], target: Target, batch_tokens: int,
-               homes: Mapping[int, int]) -> int:
+               homes: Mapping[int, int], routing: Routing | None) -> int:
     specs = {w.name: w for w in weights}
     num_c = target.num_chiplets
     per_package = target.chiplets_per_package
@@ -170,6 +171,11 @@ def _objective(placement: Placement, weights: list[WeightSpec], target: Target, 
             if spec.tied_to:  # the tied table's lookup reads a row per token from these columns
                 read += min(nbytes, -(-nbytes * batch_tokens // spec.n))
             produced = n * abpe * batch_tokens
+            block = routing.of_layer(spec.layer) if routing is not None and spec.expert >= 0 else None
+            if block is not None:  # a step reads the expert when one of its tokens routes to it
+                share = block.shares[spec.expert]
+                read = -(-read * (1.0 - (1.0 - share) ** batch_tokens) // 1)
+                flops, a, produced = flops * share, -(-a * share // 1), -(-produced * share // 1)
         peak = target.flops_per_s(spec.format.kind)
         work = max(1, _ps(max(flops / peak, read / target.chiplet.sram_bytes_per_s)))
         key = (spec.layer, _group(spec))

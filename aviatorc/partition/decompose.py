@@ -93,7 +93,8 @@ def signature(problem: Problem, tiles: list[int]) -> tuple:
         tile = problem.tiles[t]
         group = problem.group_of[t]
         g = groups.setdefault(group, len(groups))
-        parts.append((tile.role, tile.k, tile.n, tile.format.name, g, problem.edge_ps[group], problem.home_of(group)))
+        parts.append((tile.role, tile.k, tile.n, tile.format.name, g, problem.edge_ps[group], problem.home_of(group),
+                      problem.read_bytes[t], problem.work_ps[t]))  # experts that fire more or less often differ
     return tuple(parts)
 
 

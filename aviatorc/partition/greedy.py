@@ -129,7 +129,15 @@ def _place_by_group(problem: Problem, tiles: Sequence[int], free_bytes: Sequence
     for t in tiles:
         members.setdefault(problem.group_of[t], []).append(t)
     before = {after: g for g, after in enumerate(problem.next_group) if after >= 0}
-    order = sorted(members)  # in execution order: each group next to the one before it
+
+    def order_key(g: int) -> tuple[int, float, int]:
+        """In execution order, each group next to the one before it; experts (side by side between
+        their router and their combine) after the rest, the ones a step reads most per byte first."""
+        if any(problem.tiles[t].expert < 0 for t in members[g]):
+            return (0, 0.0, g)
+        return (1, -sum(problem.read_bytes[t] for t in members[g]) / max(1, sum(problem.tile_bytes[t] for t in members[g])), g)
+
+    order = sorted(members, key=order_key)
     where = [-1] * len(problem.tiles)
     free = list(free_bytes)
     stream = [0] * problem.num_channels
@@ -235,7 +243,7 @@ def _fill(problem: Problem, tiles: Sequence[int], where: list[int], free: list[i
     # Largest work first (LPT); ties by index, so the result is a function of the input only.
     for t in sorted(tiles, key=lambda t: (-problem.work_ps[t], t)):
         nbytes = problem.tile_bytes[t]
-        room = [c for c in block if free[c] >= nbytes]
+        room = [c for c in block if free[c] >= nbytes] if t not in problem.cold else []
         if room:
             c = min(room, key=lambda c: (load[c], c))
             where[t] = c

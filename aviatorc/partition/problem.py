@@ -56,12 +56,14 @@ nothing and compute nothing, and only channels attached to an allowed chiplet st
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
 from aviatorc.errors import InfeasibleError, OptionError
 from aviatorc.partition.tiling import Tile
+from aviatorc.routing import Routing
 from aviatorc.target import Target
 
 PS = 1e12  # picoseconds per second
@@ -91,6 +93,7 @@ class Problem:
     stream_channels: tuple[int, ...]  # the channels that may stream (attached to an allowed chiplet)
     batch_tokens: int
     group_home: tuple[int, ...] = ()  # group -> its layer's home chiplet, -1 for none (empty: no homes given)
+    cold: frozenset[int] = frozenset()  # expert tiles the routing leaves out of SRAM (`cold_experts`)
 
     def home_of(self, group: int) -> int:
         return self.group_home[group] if self.group_home else -1
@@ -159,11 +162,15 @@ def capacities(target: Target, reserve_bytes: Sequence[int] | None, chiplets: Se
 
 def build_problem(tiles: Sequence[Tile], target: Target, *, batch_tokens: int = 1,
                   vocab_rows: dict[str, int] | None = None, reserve_bytes: Sequence[int] | None = None,
-                  chiplets: Iterable[int] | None = None, homes: Mapping[int, int] | None = None) -> Problem:
+                  chiplets: Iterable[int] | None = None, homes: Mapping[int, int] | None = None,
+                  routing: Routing | None = None) -> Problem:
     """Cost every tile on `target` for a decode step of `batch_tokens` tokens.
 
     `vocab_rows`: the table rows of each embedding and tied head (the lookup reads one per token).
-    `homes`: layer -> the chiplet its non-weight work runs on (module docstring); an allowed chiplet."""
+    `homes`: layer -> the chiplet its non-weight work runs on (module docstring); an allowed chiplet.
+    `routing`: how often each expert fires (`aviatorc.routing`); an expert's tile then costs what a
+    step reads and computes in expectation: its bytes when the expert fires, its FLOPs on the
+    tokens routed to it. Without it every expert runs on every token."""
     vocab_rows = vocab_rows or {}
     allowed = resolve_chiplets(target, chiplets)
     capacity, reserve = capacities(target, reserve_bytes, allowed)
@@ -190,6 +197,13 @@ def build_problem(tiles: Sequence[Tile], target: Target, *, batch_tokens: int = 
             flops = 2.0 * tile.k * tile.n * batch_tokens
             act = tile.k * abpe * batch_tokens
             produced = tile.n * abpe * batch_tokens
+            block = routing.of_layer(tile.layer) if routing is not None and tile.expert >= 0 else None
+            if block is not None:  # expected: read when the expert fires, computed on its routed tokens
+                per_step = math.ceil(per_step * block.fires(tile.expert, batch_tokens))
+                share = block.shares[tile.expert]
+                flops *= share
+                act = math.ceil(act * share)
+                produced = math.ceil(produced * share)
         seconds = max(flops / target.flops_per_s(tile.format.kind), per_step / target.chiplet.sram_bytes_per_s)
         tile_bytes.append(nbytes)
         read.append(per_step)
@@ -228,7 +242,24 @@ def build_problem(tiles: Sequence[Tile], target: Target, *, batch_tokens: int = 
         stream_channels=tuple(sorted({target.channel_of(c) for c in allowed})),
         batch_tokens=batch_tokens,
         group_home=tuple(homes.get(order[g][0], -1) for g in groups) if homes else (),
+        cold=cold_experts(tiles, tile_bytes, read, sum(capacity)) if routing is not None else frozenset(),
     )
+
+
+def cold_experts(tiles: Sequence[Tile], tile_bytes: Sequence[int], read_bytes: Sequence[int],
+                 capacity: int) -> frozenset[int]:
+    """The expert tiles that stream when SRAM is given to the experts a step reads most per stored
+    byte (the fractional knapsack over the routing's expectation), after every other tile: a layer
+    placed early must not fill SRAM with its cold experts while a later layer's hot ones stream."""
+    experts = [t for t, tile in enumerate(tiles) if tile.expert >= 0]
+    room = capacity - sum(b for t, b in enumerate(tile_bytes) if tiles[t].expert < 0)
+    cold = set()
+    for t in sorted(experts, key=lambda t: (-read_bytes[t] / max(1, tile_bytes[t]), t)):
+        if tile_bytes[t] <= room:
+            room -= tile_bytes[t]
+        else:
+            cold.add(t)
+    return frozenset(cold)
 
 
 def tree_ps(chiplets: set[int], target: Target, edge: tuple[int, int, int]) -> int:

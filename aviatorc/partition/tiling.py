@@ -94,6 +94,7 @@ class Tile:
     nodes: tuple[str, ...] = ()
     parts: tuple[Part, ...] = ()
     tied_to: str = ""
+    expert: int = -1  # the expert index of a mixture-of-experts weight's tile
 
     @property
     def k(self) -> int:
@@ -145,7 +146,7 @@ def tile_weight(spec: WeightSpec, unit_k: int, unit_n: int, parts: int) -> list[
         return [Tile(spec.name, spec.layer, spec.role, spec.group, a, b, 0, spec.n, spec.format, spec.nodes)
                 for a, b in split_aligned(spec.k, unit_k, parts)]
     return [Tile(spec.name, spec.layer, spec.role, spec.group, 0, spec.k, a, b, spec.format, spec.nodes,
-                 clip_parts(spec.splits, a, b), spec.tied_to)
+                 clip_parts(spec.splits, a, b), spec.tied_to, spec.expert)
             for a, b in split_aligned(spec.n, unit_n, parts)]
 
 

@@ -25,8 +25,8 @@ from aviatorc.plan.records import from_json, to_json
 if TYPE_CHECKING:
     from aviatorc.target import Target
 
-PLAN_SCHEMA_VERSION = 4
-READABLE_PLAN_SCHEMAS = (2, 3, 4)  # an older plan's missing fields take their defaults (FIELDS_SINCE)
+PLAN_SCHEMA_VERSION = 5
+READABLE_PLAN_SCHEMAS = (2, 3, 4, 5)  # an older plan's missing fields take their defaults (FIELDS_SINCE)
 # The memory fields each version added: 3, a bounded KV cache; 4, the weight-stationary prefill.
 FIELDS_SINCE = {"kv_sinks": 3, "kv_recent": 3, "prefill_block_tokens": 4, "prefill_staging_bytes_per_chiplet": 4}
 
@@ -173,6 +173,20 @@ class SweepPoint:
 
 
 @dataclass(frozen=True)
+class RoutingFigures:
+    """A mixture of experts' decode step over sampled routings (`aviatorc.schedule.routed`)."""
+
+    source: str  # where the routing came from: "uniform", "zipf:1.2", "file:NAME", "measured on ..."
+    samples: int  # routings simulated
+    mean_s: float  # the expected step: the plan's time per token
+    p50_s: float
+    p99_s: float
+    all_experts_s: float  # this plan's step with every expert on every token (its worst routing)
+    experts_per_step: float  # experts a step reads, in expectation, over all blocks
+    experts_total: int
+
+
+@dataclass(frozen=True)
 class Prediction:
     """What the plan predicts on its target, next to the physical bound."""
 
@@ -189,6 +203,7 @@ class Prediction:
     sram_peak_bytes: dict[int, int]
     ranges: dict[str, FigureRange] = field(default_factory=dict)  # "time_per_token_s", "ttft_s", "cold_start_s"
     sweep: tuple[SweepPoint, ...] = ()
+    routing: RoutingFigures | None = None  # a mixture of experts' routed steps (time_per_token_s is their mean)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from aviatorc.partition.tiling import WeightSpec
 from aviatorc.plan.ir import Compute, Program, Workload
 from aviatorc.plan.plan import BoundFigures, PhaseFigures, Plan, PlannedTile, Prediction, SweepPoint
 from aviatorc.progress import stage
+from aviatorc.routing import Routing
 from aviatorc.schedule.bound import BoundInputs, physical_bound
 from aviatorc.schedule.build import build_program
 from aviatorc.schedule.cold import cold_start
@@ -32,7 +33,8 @@ from aviatorc.schedule.forked import forked_map
 from aviatorc.schedule.memory import MemoryPlan, kv_beside_weights, plan_memory
 from aviatorc.schedule.model import ModelFacts, model_facts
 from aviatorc.schedule.ranges import figure_ranges
-from aviatorc.schedule.simulate import SimulationError, Timeline, simulate
+from aviatorc.schedule.routed import expert_members, prefill_activity, routed_steps
+from aviatorc.schedule.simulate import NO_ACTIVITY, Activity, SimulationError, Timeline, simulate
 from aviatorc.schedule.trace import chrome_trace
 from aviatorc.target import Target
 
@@ -43,6 +45,7 @@ _logger = logging.getLogger("aviatorc.schedule")
 
 SWEEP_BATCHES = (1, 4, 16, 64)
 SWEEP_CONTEXTS = (512, 2048, 8192, 32768)
+SWEEP_ROUTING_SAMPLES = 8  # routings per sweep point of a mixture of experts (the plan's own step: ROUTING_SAMPLES)
 NOTES = ("costs modelled: matrix units per format, vector units, SRAM, LPDDR channels, links with their "
          "message overheads, the per-layer latency, KV writes, the host's per-token round trip",)
 PREFILL_NOTES = {
@@ -56,44 +59,59 @@ PREFILL_NOTES = {
 def schedule(graph: Graph, placement: Placement, weights: Sequence[WeightSpec], target: Target, workload: Workload,
              memory: MemoryPlan, *, facts: ModelFacts | None = None, chiplets: Sequence[int] | None = None,
              prefetch: bool = True, sweep: bool = True, ranges: bool = True, max_context: int | None = None,
-             target_sha256: str = "") -> Plan:
+             target_sha256: str = "", routing: Routing | None = None) -> Plan:
     """Build the decode and prefill programs, simulate them, and judge them against the bound. The
-    sweep leaves out contexts beyond `max_context` (the positions the model was trained for)."""
+    sweep leaves out contexts beyond `max_context` (the positions the model was trained for).
+    `routing`: a mixture of experts' routing (`aviatorc.routing`); its decode step is then the mean
+    over sampled routings (`routed.py`), and the bound is in expectation."""
     facts = facts or model_facts(graph, placement.tiles)
     allowed = tuple(sorted(chiplets if chiplets is not None else range(target.num_chiplets)))
     memory = kv_beside_weights(memory, placement, facts, target)
+    routing = routing if routing is not None and routing.blocks else None
     programs = {phase: build_program(facts, placement, target, memory, workload, phase, chiplets=allowed,
-                                     prefetch=prefetch) for phase in ("decode", "prefill")}
+                                     prefetch=prefetch, routed=routing is not None) for phase in ("decode", "prefill")}
+    activities: dict[str, Activity] = {}
+    routed = None
     with stage(_logger, "simulating decode and prefill"):
-        decode = simulate(programs["decode"], target)  # recorded: the artifact's trace.json
-        prefill = simulate(programs["prefill"], target, record=False)
+        if routing is not None:
+            members = expert_members(graph, routing, programs["decode"], placement)
+            every = simulate(programs["decode"], target, record=False).makespan_s
+            routed, activities["decode"] = routed_steps(programs["decode"], target, members, routing,
+                                                        workload.tokens("decode"), all_experts_s=every)
+            activities["prefill"] = prefill_activity(members, routing)
+        # recorded: the artifact's trace.json (a mixture of experts: its median routing's step)
+        decode = simulate(programs["decode"], target, activity=activities.get("decode", NO_ACTIVITY))
+        prefill = simulate(programs["prefill"], target, record=False, activity=activities.get("prefill", NO_ACTIVITY))
+    step_s = routed.mean_s if routed is not None else decode.makespan_s
     chunks = math.ceil(workload.tokens("prefill") / memory.prefill_chunk_tokens)
     ttft = prefill.makespan_s * chunks
     inputs = bound_inputs(facts, weights, target, memory)
-    bound = physical_bound(weights, target, workload, inputs, chiplets=allowed)
+    bound = physical_bound(weights, target, workload, inputs, chiplets=allowed, routing=routing)
     flops = _flops_by_layer(programs["prefill"], facts)
     cold = cold_start(placement, target, ttft, flops)
     spans = {}
     if ranges and target.assumed:
         with stage(_logger, f"timing the plan over the target's {len(target.assumed)} assumed figures"):
             spans = figure_ranges(programs, placement, target, chunks, flops,
-                                  {"time_per_token_s": decode.makespan_s, "ttft_s": ttft, "cold_start_s": cold.first_token_s})
+                                  {"time_per_token_s": step_s, "ttft_s": ttft, "cold_start_s": cold.first_token_s},
+                                  activities)
     prediction = Prediction(
-        time_per_token_s=decode.makespan_s,
-        tokens_per_s=workload.batch / decode.makespan_s if decode.makespan_s else 0.0,
+        time_per_token_s=step_s,
+        tokens_per_s=workload.batch / step_s if step_s else 0.0,
         ttft_s=ttft,
         cold_start_s=cold.first_token_s,
         cold_start_naive_order_s=cold.naive_first_token_s,
-        decode=_phase_figures(decode, workload.batch),
+        decode=_phase_figures(decode, workload.batch, step_s=step_s),
         prefill=_phase_figures(prefill, memory.prefill_chunk_tokens, chunks=chunks,
                                chunk_tokens=memory.prefill_chunk_tokens),
         bound=bound,
-        efficiency=bound.token_s / decode.makespan_s if decode.makespan_s else 0.0,
+        efficiency=bound.token_s / step_s if step_s else 0.0,
         ttft_efficiency=bound.ttft_s / ttft if ttft else 0.0,
         sram_peak_bytes=dict(sorted(decode.peak_sram_bytes().items())),
         ranges=spans,
         sweep=_sweep(facts, placement, weights, target, workload, memory, allowed, prefetch,
-                     max_context) if sweep else (),
+                     max_context, graph, routing) if sweep else (),
+        routing=routed,
     )
     notes = [*NOTES, PREFILL_NOTES[memory.prefill_schedule]]
     if not facts.kv_width:
@@ -125,8 +143,10 @@ def bound_inputs(facts: ModelFacts, weights: Sequence[WeightSpec], target: Targe
                        output_bytes_per_token=facts.elements_per_token(first_output) * abpe if first_output else 0.0)
 
 
-def _phase_figures(timeline: Timeline, tokens: int, *, chunks: int = 1, chunk_tokens: int = 0) -> PhaseFigures:
-    step = timeline.makespan_s
+def _phase_figures(timeline: Timeline, tokens: int, *, chunks: int = 1, chunk_tokens: int = 0,
+                   step_s: float | None = None) -> PhaseFigures:
+    """The figures of a phase's step; `step_s` when it is not the timeline's (a routed mean)."""
+    step = timeline.makespan_s if step_s is None else step_s
     return PhaseFigures(step, tokens / step if step else 0.0, timeline.busy_fraction_max("lpddr"),
                         timeline.busy_fraction_max("chiplet"), timeline.busy_fraction_max("link"), chunks, chunk_tokens)
 
@@ -142,7 +162,8 @@ def _flops_by_layer(program: Program, facts: ModelFacts) -> dict[int, float]:
 
 def _sweep(facts: ModelFacts, placement: Placement, weights: Sequence[WeightSpec], target: Target,
            workload: Workload, memory: MemoryPlan, allowed: Sequence[int], prefetch: bool,
-           max_context: int | None = None) -> tuple[SweepPoint, ...]:
+           max_context: int | None = None, graph: Graph | None = None,
+           routing: Routing | None = None) -> tuple[SweepPoint, ...]:
     """Time per token over batch (at the compiled context) and context (at the compiled batch, up to
     the model's trained positions), on this placement: a point whose KV cache outgrows the SRAM the
     compile reserved streams it."""
@@ -150,14 +171,15 @@ def _sweep(facts: ModelFacts, placement: Placement, weights: Sequence[WeightSpec
     points = sorted({(b, workload.context) for b in SWEEP_BATCHES} | {(workload.batch, t) for t in contexts})
     def point(batch_context: tuple[int, int]) -> SweepPoint:
         load = Workload(*batch_context, workload.prompt)
-        return _sweep_point(facts, placement, weights, target, load, memory, allowed, prefetch)
+        return _sweep_point(facts, placement, weights, target, load, memory, allowed, prefetch, graph, routing)
 
     with stage(_logger, f"simulating the batch and context sweep ({len(points)} points)"):
         return tuple(forked_map(point, points))
 
 
 def _sweep_point(facts: ModelFacts, placement: Placement, weights: Sequence[WeightSpec], target: Target,
-                 load: Workload, memory: MemoryPlan, allowed: Sequence[int], prefetch: bool) -> SweepPoint:
+                 load: Workload, memory: MemoryPlan, allowed: Sequence[int], prefetch: bool,
+                 graph: Graph | None = None, routing: Routing | None = None) -> SweepPoint:
     batch, context = load.batch, load.context
     try:
         trial = plan_memory(facts, placement.tiles, target, load, chiplets=allowed, kv="lpddr",
@@ -171,9 +193,15 @@ def _sweep_point(facts: ModelFacts, placement: Placement, weights: Sequence[Weig
     sram = target.chiplet.sram_bytes
     if any(held + reserve > sram for held, reserve in zip(placement.chiplet_bytes, trial.reserve_bytes, strict=True)):
         return SweepPoint(batch, context, False, "needs more SRAM beside the weights than this placement leaves")
-    program = build_program(facts, placement, target, trial, load, "decode", chiplets=allowed, prefetch=prefetch)
-    step = simulate(program, target, record=False).makespan_s
+    program = build_program(facts, placement, target, trial, load, "decode", chiplets=allowed, prefetch=prefetch,
+                            routed=routing is not None)
+    if routing is not None and graph is not None:
+        members = expert_members(graph, routing, program, placement)
+        step = routed_steps(program, target, members, routing, load.tokens("decode"), all_experts_s=0.0,
+                            samples=SWEEP_ROUTING_SAMPLES)[0].mean_s
+    else:
+        step = simulate(program, target, record=False).makespan_s
     bound: BoundFigures = physical_bound(weights, target, load, bound_inputs(facts, weights, target, trial),
-                                         chiplets=allowed)
+                                         chiplets=allowed, routing=routing)
     return SweepPoint(batch, context, True, "", trial.kv.location, step, batch / step if step else 0.0, bound.token_s,
                       bound.token_s / step if step else 0.0)

@@ -7,9 +7,10 @@ simulated is a measurement. It holds in every regime, streaming or SRAM-resident
 A plan may compute on any number k of the cards its chiplets span. On k cards it has n_k
 chiplets and S_k bytes of SRAM; it may stream from every LPDDR channel m of its chiplets (a
 channel on a card that computes nothing still reaches the others over links). Per decode step,
-with W weight bytes read (an embedding: the rows the batch looks up), KV the cache:
+with W weight bytes read (an embedding: the rows the batch looks up; with a routing, an expert:
+its bytes times the probability the step's tokens fire it, its FLOPs on its share), KV the cache:
 
-    lpddr    = max(0, W + KV - S_k) / (m BW_channel)
+    lpddr    = (bytes left to stream once S_k bytes are resident, densest first) / (m BW_channel)
     sram     = (W + KV) / (n_k BW_sram)
     compute  = FLOPs / (n_k peak of each weight's format)   (+ attention at the KV cache's format)
     vector   = activation bytes through the vector units / (n_k BW_vector)
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from aviatorc.partition.tiling import WeightSpec
 from aviatorc.plan.ir import Workload
 from aviatorc.plan.plan import BoundFigures
+from aviatorc.routing import BlockRouting, Routing
 from aviatorc.target import Target
 
 
@@ -52,18 +54,31 @@ class BoundInputs:
 
 
 def physical_bound(weights: Sequence[WeightSpec], target: Target, workload: Workload, model: BoundInputs, *,
-                   chiplets: Sequence[int]) -> BoundFigures:
+                   chiplets: Sequence[int], routing: Routing | None = None) -> BoundFigures:
+    """With `routing`, a mixture of experts' bound is in expectation over routings: an expert's
+    bytes weighted by the probability that a step's tokens fire it, its FLOPs by its routed share
+    (every term is convex in the bytes and FLOPs, so this is below the expected time of any plan)."""
     b, p = workload.batch, workload.prompt
     stored = [w for w in weights if w.storage_bytes > 0]
     cards = _cards_by_size(target, chiplets)
     channels = len({target.channel_of(c) for c in chiplets})
     lpddr_s_per_byte = 1.0 / (channels * target.channel_bytes_per_s)
 
+    def routed(w: WeightSpec) -> BlockRouting | None:
+        return routing.of_layer(w.layer) if routing is not None and w.expert >= 0 else None
+
     def read_bytes(w: WeightSpec, tokens: int) -> float:
-        return min(w.storage_bytes, w.storage_bytes * tokens / w.k) if w.is_embedding else w.storage_bytes
+        if w.is_embedding:
+            return min(w.storage_bytes, w.storage_bytes * tokens / w.k)
+        block = routed(w)
+        return w.storage_bytes * (block.fires(w.expert, tokens) if block is not None else 1.0)
+
+    def share(w: WeightSpec) -> float:
+        block = routed(w)
+        return block.shares[w.expert] if block is not None else 1.0
 
     def matrix_flop_s(tokens: int) -> float:  # on one chiplet
-        return sum(0.0 if w.is_embedding else 2.0 * tokens * w.k * w.n / target.flops_per_s(w.format.kind)
+        return sum(0.0 if w.is_embedding else 2.0 * tokens * share(w) * w.k * w.n / target.flops_per_s(w.format.kind)
                    for w in stored)
 
     def host_s(tokens: int) -> float:
@@ -73,12 +88,25 @@ def physical_bound(weights: Sequence[WeightSpec], target: Target, workload: Work
     def crossing_s(tokens: int) -> float:
         return target.links[2].transfer_s(model.handoff_bytes_per_token * tokens)
 
-    def terms(k: int, tokens: int, outputs: int, weight_bytes: float, kv_bytes: float, attention_flops: float
-              ) -> dict[str, float]:
+    def streamed(items: list[tuple[float, float]], sram: float) -> float:
+        """The fewest bytes a step streams with `sram` bytes resident: (read, stored) items kept
+        most read per stored byte first (the fractional knapsack; a cold expert or an embedding
+        table saves less than its size when resident)."""
+        left = sram
+        total = 0.0
+        for read, size in sorted(items, key=lambda item: -item[0] / item[1]):
+            kept = min(size, max(0.0, left))
+            left -= kept
+            total += read * (1.0 - kept / size)
+        return total
+
+    def terms(k: int, tokens: int, outputs: int, items: list[tuple[float, float]], kv_bytes: float,
+              attention_flops: float) -> dict[str, float]:
         n = sum(cards[:k])
         sram = target.chiplet.sram_bytes * n
+        weight_bytes = sum(read for read, _ in items)
         return {
-            "lpddr": max(0.0, weight_bytes + kv_bytes - sram) * lpddr_s_per_byte,
+            "lpddr": streamed(items + ([(kv_bytes, kv_bytes)] if kv_bytes else []), sram) * lpddr_s_per_byte,
             "sram": (weight_bytes + kv_bytes) / (n * target.chiplet.sram_bytes_per_s),
             "compute": (matrix_flop_s(tokens) + attention_flops / target.flops_per_s(model.attention_kind)) / n,
             "vector": model.vector_bytes_per_token * tokens / (n * target.chiplet.vector_bytes_per_s),
@@ -89,10 +117,13 @@ def physical_bound(weights: Sequence[WeightSpec], target: Target, workload: Work
         k = min(make, key=lambda k: (max(make[k].values()), k))
         return max(make[k].values()), make[k], k
 
-    decode = {k: terms(k, b, b, sum(read_bytes(w, b) for w in stored), model.kv_bytes,
-                       4.0 * b * model.kv_tokens * model.q_width_total) for k in range(1, len(cards) + 1)}
-    prefill = {k: terms(k, b * p, b, sum(read_bytes(w, b * p) for w in stored), 0.0,
-                        2.0 * b * p * p * model.q_width_total) for k in range(1, len(cards) + 1)}
+    def items(tokens: int) -> list[tuple[float, float]]:
+        return [(read_bytes(w, tokens), float(w.storage_bytes)) for w in stored]
+
+    decode = {k: terms(k, b, b, items(b), model.kv_bytes, 4.0 * b * model.kv_tokens * model.q_width_total)
+              for k in range(1, len(cards) + 1)}
+    prefill = {k: terms(k, b * p, b, items(b * p), 0.0, 2.0 * b * p * p * model.q_width_total)
+               for k in range(1, len(cards) + 1)}
     token_s, token_terms, k_token = best(decode)
     ttft_s, ttft_terms, _ = best(prefill)
     total = sum(w.storage_bytes for w in stored)

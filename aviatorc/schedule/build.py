@@ -83,6 +83,7 @@ class _Staged:
     compute: Compute
     first: bool = True
     last: bool = True
+    expert: tuple[int, int] | None = None  # (layer, expert) of a routed expert's tile: loaded on demand
 
 
 WAVEFRONT_LAG = 0.5  # of a run's nodes: how far one block is ahead of the next (2 blocks in flight)
@@ -93,10 +94,15 @@ def resident_buffer(tile: int) -> str:
 
 
 def build_program(facts: ModelFacts, placement: Placement, target: Target, memory: MemoryPlan,
-                  workload: Workload, phase: str, *, chiplets: Sequence[int], prefetch: bool = True) -> Program:
+                  workload: Workload, phase: str, *, chiplets: Sequence[int], prefetch: bool = True,
+                  routed: bool = False) -> Program:
+    """`routed`: a decode step runs only the experts its tokens route to, so an expert's streamed
+    weights are loaded on demand, once the stream reaches the expert (its input has come from the
+    router's block), never prefetched before the routing is known."""
     blocks = 1 if phase == "decode" else memory.prefill_blocks
     tokens = workload.tokens("decode") if phase == "decode" else math.ceil(memory.prefill_chunk_tokens / blocks)
     builder = _Builder(facts, placement, target, memory, workload, phase, tokens, list(chiplets), blocks)
+    builder.on_demand = routed and phase == "decode"
     builder.run()
     return builder.finish(prefetch)
 
@@ -128,6 +134,7 @@ class _Builder:
         self.cards = cards
         self.node_chiplets = {(n.name, b): self._chiplets_of(n, b) for n in facts.order for b in range(blocks)}
         self.staged_names: dict[int, int] = {}
+        self.on_demand = False  # routed experts' loads wait for the stream to reach the expert
 
     # -- placement of nodes --------------------------------------------------------------
 
@@ -321,7 +328,9 @@ class _Builder:
             buffer = self.held[key] = self._staging_buffer(f"s.t{tile}.{start}", chiplet, nbytes, tile=tile)
         buffer = self.held[key]
         compute = self._make_compute(chiplet, layer, bufs=(buffer.name,), **fields)
-        return _Staged(buffer, channel, compute, first=first, last=not held or self.block == self.blocks - 1)
+        expert = self.placement.tiles[tile].expert
+        return _Staged(buffer, channel, compute, first=first, last=not held or self.block == self.blocks - 1,
+                       expert=(layer, expert) if self.on_demand and expert >= 0 else None)
 
     def _pieces(self, tile: Tile, use: TileUse, *, streamed: bool) -> list[tuple[int, int]]:
         """The column ranges one use is computed in: the whole strip, or for a streamed strip
@@ -458,15 +467,19 @@ class _Builder:
 
 def _with_loads(entries: list[Instruction | _Staged], budget: int) -> list[Instruction]:
     """Insert each staged buffer's `load` (in first-use order, as early as `budget` bytes of staging
-    allow; budget 0: just before its first use), `wait` before its first compute and `free` after its last."""
+    allow; budget 0: just before its first use), `wait` before its first compute and `free` after its last.
+    A routed expert's load is not issued before the first use of that expert is reached."""
     staged = [e for e in entries if isinstance(e, _Staged) and e.first]
     out: list[Instruction] = []
     issued = 0  # staged uses whose load is out
     occupancy = 0
+    reached: set[tuple[int, int]] = set()  # routed experts whose routing the stream knows
 
     def issue(upto: int) -> None:
         nonlocal issued, occupancy
-        while issued < len(staged) and (issued < upto or occupancy + staged[issued].buffer.bytes <= budget):
+        while issued < len(staged) and (issued < upto or (
+                occupancy + staged[issued].buffer.bytes <= budget
+                and (staged[issued].expert is None or staged[issued].expert in reached))):
             use = staged[issued]
             out.append(Load(use.buffer.name, use.channel, use.buffer.bytes))
             occupancy += use.buffer.bytes
@@ -478,6 +491,8 @@ def _with_loads(entries: list[Instruction | _Staged], budget: int) -> list[Instr
         if not isinstance(entry, _Staged):
             out.append(entry)
             continue
+        if entry.expert is not None:
+            reached.add(entry.expert)
         if entry.first:
             position += 1
             issue(position)  # this buffer's own load, whatever the budget says

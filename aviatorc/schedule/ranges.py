@@ -17,12 +17,14 @@ at once (forked workers), each the same deterministic simulation as alone.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from aviatorc.partition.placement import Placement
 from aviatorc.plan.ir import Load, Program, Send
 from aviatorc.plan.plan import FigureRange
 from aviatorc.schedule.cold import cold_start
 from aviatorc.schedule.forked import forked_map
-from aviatorc.schedule.simulate import simulate
+from aviatorc.schedule.simulate import NO_ACTIVITY, Activity, simulate
 from aviatorc.target import LINK_LEVELS, Target
 from aviatorc.target.loader import vary
 
@@ -34,10 +36,12 @@ Variation = tuple[tuple[str, float], ...]  # (dotted key, value) pairs, sorted
 
 
 def figure_ranges(programs: dict[str, Program], placement: Placement, target: Target, chunks: int,
-                  flops_by_layer: dict[int, float], nominal: dict[str, float]) -> dict[str, FigureRange]:
+                  flops_by_layer: dict[int, float], nominal: dict[str, float],
+                  activities: Mapping[str, Activity] | None = None) -> dict[str, FigureRange]:
     """Each of FIGURES with its range and its sensitivity to each assumption of `target`;
-    `nominal`: FIGURES on `target` itself, as the plan predicts them."""
-    timer = _Timer(programs, placement, target, chunks, flops_by_layer, nominal)
+    `nominal`: FIGURES on `target` itself, as the plan predicts them. `activities`: per phase, the
+    routed step a mixture of experts is timed on (its median routing's, for decode)."""
+    timer = _Timer(programs, placement, target, chunks, flops_by_layer, nominal, dict(activities or {}))
     used = _links_used(programs, target)
     varied = [a for a in target.assumed if not _unused(a.key, used)]
     ends: list[Variation] = [((a.key, value),) for a in varied for value in (a.low, a.high)]
@@ -66,17 +70,20 @@ class _Timer:
     """The plan's figures on the target with some figures varied; several variations at once."""
 
     def __init__(self, programs: dict[str, Program], placement: Placement, target: Target, chunks: int,
-                 flops_by_layer: dict[int, float], nominal: dict[str, float]) -> None:
+                 flops_by_layer: dict[int, float], nominal: dict[str, float], activities: dict[str, Activity]) -> None:
         self.programs, self.placement, self.target = programs, placement, target
         self.chunks, self.flops_by_layer, self.nominal = chunks, flops_by_layer, nominal
+        self.activities = activities
 
     def one(self, variation: Variation) -> dict[str, float]:
         machine = vary(self.target, dict(variation)) if variation else self.target
         if all(key in COLD_ONLY for key, _ in variation):
             token, ttft = self.nominal["time_per_token_s"], self.nominal["ttft_s"]  # the simulator reads none of them
         else:
-            token = simulate(self.programs["decode"], machine, record=False).makespan_s
-            ttft = simulate(self.programs["prefill"], machine, record=False).makespan_s * self.chunks
+            token, ttft = (simulate(self.programs[phase], machine, record=False,
+                                    activity=self.activities.get(phase, NO_ACTIVITY)).makespan_s
+                           for phase in ("decode", "prefill"))
+            ttft *= self.chunks
         cold = cold_start(self.placement, machine, ttft, self.flops_by_layer).first_token_s
         return {"time_per_token_s": token, "ttft_s": ttft, "cold_start_s": cold}
 

@@ -20,6 +20,12 @@ Resources, as on the hardware (every time comes from the target, none from the p
 - the host: `host` sends the output over its card's PCIe port (bytes / PCIe bandwidth), then the
   stream waits two PCIe crossings and the host's per-token work (sampling).
 
+A mixture of experts' step runs only what its routing chose (`Activity`, from
+`aviatorc.schedule.routed`): a skipped expert's computes, loads and sends take no time (their
+events fire at once, so the streams walk past them), and a routed expert computes and sends only
+its tokens' rows (its weights are read whole). Without an activity every expert runs on every
+token, the dense step.
+
 The simulator knows nothing of how the program was built (it walks the streams with the same
 `StreamInterpreter` as the checker and the backends); the physical bound (`bound.py`) is
 computed apart from it, so efficiency = bound / simulated is a measurement.
@@ -27,13 +33,41 @@ computed apart from it, so efficiency = bound / simulated is a measurement.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from aviatorc.plan.check import held_bytes
 from aviatorc.plan.interpret import BLOCKED, StreamInterpreter
-from aviatorc.plan.ir import Compute, Free, Host, Load, Program, Recv, Send, Signal, Store, Wait, format_instr
+from aviatorc.plan.ir import (
+    Compute,
+    Free,
+    Host,
+    Load,
+    Program,
+    Recv,
+    Send,
+    Signal,
+    Store,
+    Wait,
+    block_of,
+    format_instr,
+)
 from aviatorc.plan.plan import Plan
 from aviatorc.target import LinkLevel, Target
+
+
+@dataclass(frozen=True)
+class Activity:
+    """What one routed step runs of a program: the share of rows each named node computes and each
+    named value sends (0: skipped; a name not given: 1), and the staged buffers it does not load."""
+
+    compute: Mapping[str, float]
+    values: Mapping[str, float]
+    skipped_buffers: frozenset[str]
+
+
+NO_ACTIVITY = Activity({}, {}, frozenset())
 
 
 class SimulationError(RuntimeError):
@@ -66,24 +100,25 @@ class Timeline:
 
 
 def simulate(program: Program | Plan, target: Target | None = None, *, phase: str = "decode",
-             record: bool = True) -> Timeline:
+             record: bool = True, activity: Activity = NO_ACTIVITY) -> Timeline:
     """Run `program` on `target`'s resources; with `record`, keep every span for the trace.
-    Given a Plan, runs its `phase` program on the plan's own target."""
+    Given a Plan, runs its `phase` program on the plan's own target. `activity`: one routing's
+    step of a mixture of experts (module docstring)."""
     if isinstance(program, Plan):
         target = target or program.target
         program = program.programs[phase]
     if target is None:
         raise ValueError("simulate needs the target of a bare program")
-    simulator = _Simulator(program, target, record)
+    simulator = _Simulator(program, target, record, activity)
     simulator.run()
     end = max([simulator.end_s, *simulator.channel_free, *simulator.link_free.values()])
     return Timeline(end, simulator.spans, simulator.samples, simulator.busy)
 
 
 class _Simulator(StreamInterpreter):
-    def __init__(self, program: Program, target: Target, record: bool) -> None:
+    def __init__(self, program: Program, target: Target, record: bool, activity: Activity) -> None:
         super().__init__(program)
-        self.target, self.record = target, record
+        self.target, self.record, self.activity = target, record, activity
         self.channel_free = [0.0] * target.num_channels
         self.channel_tracks = [f"lpddr channel {h}" for h in range(target.num_channels)]
         self.link_free: dict[tuple[int, int], float] = {}
@@ -111,8 +146,12 @@ class _Simulator(StreamInterpreter):
 
     def on_compute(self, c: int, step: int, ins: Compute, now: float) -> float:
         t = self.target
-        seconds = max(ins.flops / t.flops_per_s(ins.kind), ins.bytes / t.chiplet.sram_bytes_per_s) \
-            + ins.vector_bytes / t.chiplet.vector_bytes_per_s + (t.per_layer_latency_s if ins.layer_latency else 0.0)
+        share = self.activity.compute.get(ins.node, 1.0)
+        if share == 0.0:
+            return now
+        seconds = max(ins.flops * share / t.flops_per_s(ins.kind), ins.bytes / t.chiplet.sram_bytes_per_s) \
+            + ins.vector_bytes * share / t.chiplet.vector_bytes_per_s \
+            + (t.per_layer_latency_s if ins.layer_latency else 0.0)
         if seconds > 0:
             track = self.tracks[c]
             self.busy[track] += seconds
@@ -138,7 +177,11 @@ class _Simulator(StreamInterpreter):
         return link_done + link.latency_s
 
     def on_load(self, c: int, step: int, ins: Load, now: float) -> float:
-        landed = self._channel(ins.channel, c, ins.bytes, now, "load", f"{ins.buf} -> chiplet {c}" if self.record else "")
+        if ins.buf in self.activity.skipped_buffers:
+            landed = now
+        else:
+            landed = self._channel(ins.channel, c, ins.bytes, now, "load",
+                                   f"{ins.buf} -> chiplet {c}" if self.record else "")
         self.fire(ins.buf, landed)
         self.held[c] += self.program.buffers[ins.buf].bytes
         self.samples[c].append((now, self.held[c]))
@@ -174,9 +217,13 @@ class _Simulator(StreamInterpreter):
         return found
 
     def on_send(self, c: int, step: int, ins: Send, now: float) -> float:
+        share = self.activity.values.get(block_of(ins.value.name)[0], 1.0) if self.activity.values else 1.0
+        if share == 0.0:
+            self.fire((ins.value, c, ins.to), now)
+            return now
         link, resource, track = self.link(c, ins.to)
         start = max(now, self.link_free.get(resource, 0.0))
-        busy_until = start + link.occupancy_s(ins.bytes)
+        busy_until = start + link.occupancy_s(math.ceil(ins.bytes * share))
         self.link_free[resource] = busy_until
         self.span(track, "send", f"{ins.value} {c}->{ins.to}" if self.record else "", start, busy_until)
         self.fire((ins.value, c, ins.to), busy_until + link.latency_s)

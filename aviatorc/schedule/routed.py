@@ -1,0 +1,98 @@
+"""A mixture of experts' decode step over sampled routings: its expected time, P50 and P99.
+
+A plan is one program for every routing: each expert's instructions are in it, a streamed
+expert's loads issued on demand (`build.py`). A step runs the experts its tokens route to, so
+its time is a random variable. `routed_steps` draws `ROUTING_SAMPLES` routings from the
+`Routing` (a fixed seed: the same plan gives the same figures), simulates the decode program
+under each (`Activity`), and gives the mean (the plan's time per token), the median and the 99th
+percentile (interpolated between the sampled steps), beside the step in which every expert
+fires on every token (the plan's worst routing) and the experts a step reads in expectation.
+
+A prefill runs every expert: at hundreds of tokens nearly all of them fire, each on its share
+of the tokens (`prefill_activity`: expected shares, no sampling).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from aviatorc.ir import Graph
+from aviatorc.ir.experts import expert_index, expert_nodes
+from aviatorc.partition.placement import Placement
+from aviatorc.plan.ir import Program
+from aviatorc.plan.plan import RoutingFigures
+from aviatorc.routing import Routing, moe_blocks
+from aviatorc.schedule.simulate import Activity, simulate
+from aviatorc.target import Target
+
+ROUTING_SAMPLES = 64
+ROUTING_SEED = 0
+
+
+@dataclass(frozen=True)
+class ExpertMembers:
+    """Which expert (layer, index) each node, value and staged buffer of a program belongs to."""
+
+    nodes: dict[str, tuple[int, int]]
+    values: dict[str, tuple[int, int]]
+    buffers: dict[str, tuple[int, int]]
+
+    def activity(self, shares: dict[int, np.ndarray]) -> Activity:
+        """The step in which expert e of layer L computes `shares[L][e]` of the tokens (0: it is skipped)."""
+        def share(key: tuple[int, int]) -> float:
+            return float(shares[key[0]][key[1]])
+
+        return Activity({n: share(k) for n, k in self.nodes.items()}, {v: share(k) for v, k in self.values.items()},
+                        frozenset(b for b, k in self.buffers.items() if share(k) == 0.0))
+
+
+def expert_members(graph: Graph, routing: Routing, program: Program, placement: Placement) -> ExpertMembers:
+    """An expert's nodes are its subgraph (`aviatorc.ir.experts`) and its combine; its buffers, its
+    tiles' staged ones. Blocks are matched to the routing's layers by their experts' tiles."""
+    by_block = {block.router: block.layer for block in moe_blocks(graph, placement.tiles)}
+    nodes: dict[str, tuple[int, int]] = {}
+    for node, ref in expert_nodes(graph).items():
+        if ref.block in by_block and routing.of_layer(by_block[ref.block]) is not None:
+            nodes[node.name] = (by_block[ref.block], ref.expert)
+    for node in graph.nodes:
+        if node.op == "MoECombine":
+            routing_value = node.input(0)
+            block = routing_value.producer.name if routing_value.producer is not None else routing_value.name
+            if block in by_block and routing.of_layer(by_block[block]) is not None:
+                nodes[node.name] = (by_block[block], expert_index(node))
+    values = {out.name: nodes[node.name] for node in graph.nodes if node.name in nodes for out in node.outputs}
+    buffers = {}
+    for name, buffer in program.buffers.items():
+        tile = placement.tiles[buffer.tile] if buffer.kind == "staging" and buffer.tile is not None else None
+        if tile is not None and tile.expert >= 0 and routing.of_layer(tile.layer) is not None:
+            buffers[name] = (tile.layer, tile.expert)
+    return ExpertMembers(nodes, values, buffers)
+
+
+def routed_steps(program: Program, target: Target, members: ExpertMembers, routing: Routing, tokens: int, *,
+                 all_experts_s: float, samples: int = ROUTING_SAMPLES) -> tuple[RoutingFigures, Activity]:
+    """The decode step's figures over `samples` routings of `tokens` tokens, and the median one's
+    activity (the plan's trace shows that step)."""
+    rng = np.random.default_rng(ROUTING_SEED)
+    activities: list[Activity] = []
+    times: list[float] = []
+    for _ in range(samples):
+        shares = {b.layer: b.sample(rng, tokens) / tokens for b in routing.blocks}
+        activity = members.activity(shares)
+        activities.append(activity)
+        times.append(simulate(program, target, record=False, activity=activity).makespan_s)
+    median = int(np.argsort(times, kind="stable")[len(times) // 2])
+    figures = RoutingFigures(
+        source=routing.source, samples=samples, mean_s=float(np.mean(times)),
+        p50_s=float(np.percentile(times, 50)), p99_s=float(np.percentile(times, 99)), all_experts_s=all_experts_s,
+        experts_per_step=sum(b.expected_active(tokens) for b in routing.blocks),
+        experts_total=sum(b.experts for b in routing.blocks))
+    return figures, activities[median]
+
+
+def prefill_activity(members: ExpertMembers, routing: Routing) -> Activity:
+    """A prefill's experts each on their expected share of the tokens (all of them loaded)."""
+    activity = members.activity({b.layer: np.asarray(b.shares) for b in routing.blocks})
+    return Activity(activity.compute, activity.values, frozenset())
