@@ -116,6 +116,7 @@ def plan_summary(plan: Mapping[str, Any]) -> list[str]:
         f"predicted decode: {seconds(p['time_per_token_s'])} per step{span('time_per_token_s')}, "
         f"{p['tokens_per_s']:,.1f} tokens/s; bound {seconds(bound['token_s'])}{largest('token_s')}; "
         f"efficiency {p['efficiency']:.3f}",
+        *_routing_line(p.get("routing")),
         f"predicted time to first token: {seconds(p['ttft_s'])}{span('ttft_s')} (bound {seconds(bound['ttft_s'])}"
         f"{largest('ttft_s')})",
         f"cold start to first token {seconds(p['cold_start_s'])}{span('cold_start_s')} (bound {seconds(bound['cold_s'])}; "
@@ -131,6 +132,17 @@ def plan_summary(plan: Mapping[str, Any]) -> list[str]:
         + f"and activations {memory['scratch_bytes_per_chiplet']:,} bytes per chiplet",
         f"prefill: {_prefill_schedule(p['prefill'], memory)}",
     ]
+
+
+def _routing_line(routing: Mapping[str, Any] | None) -> list[str]:
+    """A mixture of experts' decode step over its sampled routings (empty for other models)."""
+    from aviatorc.report.data import seconds
+
+    if not routing:
+        return []
+    return [f"  routing {routing['source']}: {routing['experts_per_step']:,.1f} of {routing['experts_total']:,} experts "
+            f"a step in expectation; over {routing['samples']} sampled routings P50 {seconds(routing['p50_s'])}, "
+            f"P99 {seconds(routing['p99_s'])} ({seconds(routing['all_experts_s'])} with every expert firing)"]
 
 
 def _prefill_schedule(prefill: dict[str, Any], memory: dict[str, Any]) -> str:

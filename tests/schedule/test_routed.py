@@ -1,0 +1,169 @@
+"""A mixture of experts planned for its routing (issue 22): hot experts resident, loads on demand,
+the decode step over sampled routings, the bound in expectation. The tiny Qwen3-MoE (2 layers of
+8 experts, top-2) on the mock target with 64 KiB chiplets, so that some experts must stream."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import aviatorc
+from aviatorc import zoo
+from aviatorc.cli import main
+from aviatorc.ir.experts import expert_nodes
+from aviatorc.partition.weights import weights_from_graph
+from aviatorc.plan.ir import Compute, Load, Recv
+from aviatorc.routing import moe_blocks, routing_for
+from aviatorc.schedule import bound_inputs, model_facts, simulate
+from aviatorc.schedule.bound import physical_bound
+from aviatorc.schedule.build import build_program
+from aviatorc.schedule.memory import plan_memory
+from aviatorc.schedule.routed import expert_members
+from aviatorc.target import load_target
+
+TIGHT = {"chiplet.sram_bytes": 65536, "card.lpddr_attach": "chiplet"}
+WORKLOAD = {"batch": 1, "context": 16, "prompt": 8, "time_limit_s": 1.0, "sweep": False, "ranges": False}
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    return zoo.write_family_config("qwen3_moe", tmp_path_factory.mktemp("qwen3_moe"))
+
+
+@pytest.fixture(scope="module")
+def compiled(config):
+    return aviatorc.compile(str(config), target=load_target("mock", overrides=TIGHT), routing="zipf:1.5", **WORKLOAD)
+
+
+def shares(result) -> dict[tuple[int, int], float]:
+    return {(int(layer), e): s for layer, block in result.report.data["routing"]["layers"].items()
+            for e, s in enumerate(block["shares"])}
+
+
+def residency(result) -> dict[tuple[int, int], list[bool]]:
+    placement = result.placement
+    found: dict[tuple[int, int], list[bool]] = {}
+    for tile, w in zip(placement.tiles, placement.where, strict=True):
+        if tile.expert >= 0:
+            found.setdefault((tile.layer, tile.expert), []).append(w < placement.num_chiplets)
+    return found
+
+
+def test_the_experts_a_step_reads_most_are_the_resident_ones(compiled):
+    share, where = shares(compiled), residency(compiled)
+    for layer in (0, 1):
+        resident = [share[key] for key, tiles in where.items() if key[0] == layer and all(tiles)]
+        streamed = [share[key] for key, tiles in where.items() if key[0] == layer and not any(tiles)]
+        assert resident and streamed  # the SRAM holds some of each layer's experts, not all
+        assert min(resident) > max(streamed)
+
+
+def routing_of(result):
+    """The routing the compile used, built again from the same spec."""
+    return routing_for("zipf:1.5", moe_blocks(result.graph, weights_from_graph(result.graph)))
+
+
+def plan_parts(result):
+    facts = model_facts(result.graph, result.placement.tiles)
+    memory = plan_memory(facts, result.placement.tiles, result.plan.target, result.plan.workload,
+                         chiplets=result.plan.chiplets)
+    return facts, memory
+
+
+def test_a_skipped_expert_loads_and_computes_nothing(compiled):
+    plan, graph = compiled.plan, compiled.graph
+    routing = routing_of(compiled)
+    members = expert_members(graph, routing, plan.programs["decode"], compiled.placement)
+    streamed = {(t.layer, t.expert) for t, w in zip(compiled.placement.tiles, compiled.placement.where, strict=True)
+                if t.expert >= 0 and w >= compiled.placement.num_chiplets}
+    layer, expert = sorted(streamed)[0]
+    only = {b.layer: np.eye(b.experts)[expert if b.layer == layer else 0] for b in routing.blocks}
+    timeline = simulate(plan.programs["decode"], plan.target, activity=members.activity(only))
+    buffers = plan.programs["decode"].buffers
+    loaded = {buffers[s.name.split(" -> ")[0]].tile for s in timeline.spans if s.kind == "load"}
+    tiles = compiled.placement.tiles
+    experts_loaded = {(tiles[t].layer, tiles[t].expert) for t in loaded if tiles[t].expert >= 0}
+    assert experts_loaded == {(layer, expert)} | ({(1 - layer, 0)} & streamed)
+    owner = {n.name: ref.expert for n, ref in expert_nodes(graph).items()}
+    computed = {s.name.split(" [")[0] for s in timeline.spans if s.kind == "compute"}
+    ran = {owner[name] for name in computed if name in owner}
+    assert ran <= {expert, 0}
+
+
+def test_every_expert_firing_is_the_program_run_whole(compiled):
+    plan = compiled.plan
+    routing = routing_of(compiled)
+    members = expert_members(compiled.graph, routing, plan.programs["decode"], compiled.placement)
+    every = members.activity({b.layer: np.ones(b.experts) for b in routing.blocks})
+    program = plan.programs["decode"]
+    assert simulate(program, plan.target, record=False, activity=every).makespan_s == \
+        simulate(program, plan.target, record=False).makespan_s == plan.prediction.routing.all_experts_s
+
+
+def test_an_experts_loads_wait_until_the_stream_has_its_routing(compiled, config):
+    """Each streamed expert load comes after an instruction of that expert in its stream (the
+    input its router's block sent, or its own dispatch); a plan built without the routing
+    prefetches some of them before (so this can fail)."""
+    def early_loads(program) -> int:
+        owner = {n.name: ref.expert for n, ref in expert_nodes(compiled.graph).items()}
+        value_owner = {out.name: owner[n.name] for n in expert_nodes(compiled.graph) for out in n.outputs}
+        tiles = compiled.placement.tiles
+        early = 0
+        for stream in program.streams.values():
+            seen: set[int] = set()
+            for ins in stream:
+                if isinstance(ins, Compute) and ins.node in owner:
+                    seen.add(owner[ins.node])
+                elif isinstance(ins, Recv) and ins.value.name in value_owner:
+                    seen.add(value_owner[ins.value.name])
+                elif isinstance(ins, Load):
+                    tile = tiles[program.buffers[ins.buf].tile]
+                    early += tile.expert >= 0 and tile.expert not in seen
+        return early
+
+    assert early_loads(compiled.plan.programs["decode"]) == 0
+    facts, memory = plan_parts(compiled)
+    prefetching = build_program(facts, compiled.placement, compiled.plan.target, memory, compiled.plan.workload,
+                                "decode", chiplets=compiled.plan.chiplets, routed=False)
+    assert early_loads(prefetching) > 0
+
+
+def test_the_routed_step_lies_between_its_bound_and_every_expert_firing(compiled):
+    p = compiled.plan.prediction
+    r = p.routing
+    assert r.source == "zipf:1.5" and r.samples == 64
+    assert p.time_per_token_s == r.mean_s
+    assert p.bound.token_s <= min(r.p50_s, r.mean_s)
+    assert r.p50_s <= r.p99_s and r.mean_s < r.all_experts_s
+    assert r.experts_per_step == pytest.approx(4.0)  # batch 1: top-2 of each of 2 blocks
+    # in expectation the bound reads fewer bytes than one reading every expert
+    facts, memory = plan_parts(compiled)
+    weights = weights_from_graph(compiled.graph)
+    target = compiled.plan.target
+    inputs = bound_inputs(facts, weights, target, memory)
+    dense = physical_bound(weights, target, compiled.plan.workload, inputs, chiplets=compiled.plan.chiplets)
+    routed = physical_bound(weights, target, compiled.plan.workload, inputs, chiplets=compiled.plan.chiplets,
+                            routing=routing_of(compiled))
+    for term in ("sram", "compute"):  # the bytes and FLOPs a step reads and runs
+        assert routed.token_terms[term] < 0.8 * dense.token_terms[term]
+
+
+def test_the_same_routing_gives_a_byte_identical_plan(config, compiled):
+    again = aviatorc.compile(str(config), target=load_target("mock", overrides=TIGHT), routing="zipf:1.5", **WORKLOAD)
+    assert json.dumps(again.plan.to_dict(), sort_keys=True) == json.dumps(compiled.plan.to_dict(), sort_keys=True)
+
+
+def test_the_cli_takes_a_routing_file_and_prints_the_routed_step(config, compiled, tmp_path, capsys):
+    path = tmp_path / "routing.json"
+    path.write_text(json.dumps(compiled.report.data["routing"]))
+    out = tmp_path / "model.avc"
+    assert main(["compile", str(config), "--target", "mock", "--context", "16", "--prompt", "8", "--no-sweep",
+                 "--no-ranges", "--routing", str(path), "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "routing file:routing.json: 4.0 of 16 experts a step in expectation" in printed
+    assert "P99" in printed
+    assert main(["compile", str(config), "--target", "mock", "--routing", "zipf", "-o", str(tmp_path / "x.avc")]) != 0
+    assert "unknown routing 'zipf'" in capsys.readouterr().err
+    assert not (tmp_path / "x.avc").exists()

@@ -1,0 +1,162 @@
+"""Benchmark: the released mixtures of experts planned for their routing on corsair (issue 22).
+
+For each model (`examples/<model>/config.json`, shape-only), card count and routing, a fresh
+subprocess runs `aviatorc.compile(config, target="corsair", cards=C, quant="mxint4", routing=R,
+batch=B)` (no sweep, no ranges) and reports, from the plan:
+
+- the decode step over 64 sampled routings: mean (the plan's time per token), P50, P99, and the
+  step with every expert firing; the bound in expectation and the efficiency (bound / mean);
+- TTFT (every expert runs in a prefill, each on its share of the prompt) and its bound;
+- the experts a step reads in expectation, the experts resident, and the share of a step's
+  expected expert bytes that are resident (what the hot/cold placement buys);
+- SRAM use (resident weight bytes over the cards' SRAM) and the compile's wall time.
+
+Figures are simulated. The routings are assumed (`uniform`, `zipf:S`), not measured: these
+configs have no trained weights. Rows are kept in `tools/results/bench_moe.json` by case, so
+running a subset updates those rows and keeps the others (each row names the commit it ran at);
+the page `tools/results/bench_moe.md` is rendered from all of them.
+
+    python tools/bench_moe.py                                   # the default cases
+    python tools/bench_moe.py --models qwen3-30b-a3b --cards 4 8 --routing uniform zipf:1.2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "tools" / "results"
+MODELS = ("qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-120b", "deepseek-v3")
+
+_CHILD = """
+import json, sys, time
+start = time.perf_counter()
+import aviatorc
+name, cards, quant, routing, batch = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
+result = aviatorc.compile(name, target="corsair", cards=cards, quant=quant, routing=routing, batch=batch,
+                          sweep=False, ranges=False)
+wall = time.perf_counter() - start
+plan, placement = result.plan, result.placement
+p = plan.prediction
+layers = result.report.data["routing"]["layers"]
+shares = {(int(layer), e): s for layer, block in layers.items() for e, s in enumerate(block["shares"])}
+top_k = {int(layer): block["top_k"] for layer, block in layers.items()}
+resident, expected, expected_resident = set(), 0.0, 0.0
+held = {}
+for tile, where in zip(placement.tiles, placement.where):
+    if tile.expert < 0 or (tile.layer, tile.expert) not in shares:
+        continue
+    key = (tile.layer, tile.expert)
+    fires = 1 - (1 - shares[key]) ** batch
+    expected += fires * tile.storage_bytes
+    if where < placement.num_chiplets:
+        expected_resident += fires * tile.storage_bytes
+        held.setdefault(key, []).append(True)
+    else:
+        held.setdefault(key, []).append(False)
+sram = plan.target.chiplet.sram_bytes * len(plan.chiplets)
+r = p.routing
+print(json.dumps({
+    "mean_s": r.mean_s, "p50_s": r.p50_s, "p99_s": r.p99_s, "all_experts_s": r.all_experts_s,
+    "bound_s": p.bound.token_s, "efficiency": p.efficiency, "ttft_s": p.ttft_s, "ttft_bound_s": p.bound.ttft_s,
+    "experts_per_step": r.experts_per_step, "experts_total": r.experts_total,
+    "experts_resident": sum(all(v) for v in held.values()),
+    "expected_resident_share": expected_resident / expected if expected else 0.0,
+    "sram_use": sum(t.storage_bytes for t, w in zip(placement.tiles, placement.where) if w < placement.num_chiplets) / sram,
+    "compile_s": wall, "timings": result.timings}))
+"""
+
+
+def commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "aviatorc"], cwd=ROOT, capture_output=True, text=True)
+    return out.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
+def measure(model: str, cards: int, routing: str, batch: int, quant: str) -> dict:
+    config = ROOT / "examples" / model / "config.json"
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(config), str(cards), quant, routing, str(batch)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{model} x{cards} {routing} batch {batch}: compile failed:\n{proc.stderr[-3000:]}")
+    row = json.loads(proc.stdout[proc.stdout.rindex('{"mean_s"'):])
+    row.update(model=model, cards=cards, routing=routing, batch=batch, quant=quant,
+               wall_s=time.perf_counter() - start, commit=commit())
+    return row
+
+
+def key(row: dict) -> tuple:
+    return (MODELS.index(row["model"]), row["cards"], row["batch"], row["routing"], row["quant"])
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| model | cards | batch | routing | mean | P50 | P99 | every expert | bound | efficiency | TTFT (bound) "
+             "| experts a step | resident experts | expected expert bytes resident | SRAM use | compile | commit |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in sorted(rows, key=key):
+        lines.append(
+            f"| {r['model']} | {r['cards']} | {r['batch']} | {r['routing']} | {ms(r['mean_s'])} | {ms(r['p50_s'])} "
+            f"| {ms(r['p99_s'])} | {ms(r['all_experts_s'])} | {ms(r['bound_s'])} | {r['efficiency']:.3f} "
+            f"| {ms(r['ttft_s'])} ({ms(r['ttft_bound_s'])}) | {r['experts_per_step']:,.0f} of {r['experts_total']:,} "
+            f"| {r['experts_resident']:,} | {r['expected_resident_share']:.1%} | {r['sram_use']:.1%} "
+            f"| {r['compile_s']:.0f} s | {r['commit']} |")
+    return "\n".join(lines)
+
+
+def page(rows: list[dict]) -> str:
+    return (
+        "# Mixtures of experts planned for their routing (`tools/bench_moe.py`)\n\n"
+        "The released `config.json` files, shape-only, compiled for `corsair` (one LPDDR channel per chiplet) "
+        "at mxint4 with the default workload (context 2048, prompt 128) and the routing shown: `uniform` (every "
+        "expert top_k / E of the tokens) or `zipf:S` (the expert of rank r in proportion to 1 / r^S, ranks "
+        "shuffled per layer). The routings are assumed, not measured: these configs carry no trained weights. "
+        "A decode step reads only the experts its tokens route to; hot experts are kept resident (the "
+        "placement's knapsack over the expected reads) and a streamed expert's weights are loaded once the "
+        "routing is known (no prediction yet). Times are simulated: the mean, P50 and P99 over 64 sampled "
+        "routings, and the same plan's step with every expert firing. The bound is in expectation over the "
+        "routing. \"Expected expert bytes resident\": of the expert bytes a step reads in expectation, the "
+        "share already in SRAM.\n\n" + table(rows) + "\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--cards", nargs="+", type=int, default=[4, 8])
+    parser.add_argument("--routing", nargs="+", default=["uniform", "zipf:1.2"])
+    parser.add_argument("--batch", nargs="+", type=int, default=[1])
+    parser.add_argument("--quant", default="mxint4")
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    args = parser.parse_args(argv)
+    store = RESULTS / "bench_moe.json"
+    rows = {key(r): r for r in (json.loads(store.read_text()) if store.exists() else [])}
+    for model in sorted(args.models, key=MODELS.index):
+        for cards in args.cards:
+            for batch in args.batch:
+                for routing in args.routing:
+                    row = measure(model, cards, routing, batch, args.quant)
+                    print(f"{model} x{cards} batch {batch} {routing}: mean {ms(row['mean_s'])}, P99 "
+                          f"{ms(row['p99_s'])}, every expert {ms(row['all_experts_s'])}, bound {ms(row['bound_s'])}, "
+                          f"{row['expected_resident_share']:.1%} of expected expert bytes resident, "
+                          f"compile {row['compile_s']:.0f} s", flush=True)
+                    rows[key(row)] = row
+                    if not args.no_write:  # after each case: a long run cut short keeps what it measured
+                        RESULTS.mkdir(parents=True, exist_ok=True)
+                        store.write_text(json.dumps(sorted(rows.values(), key=key), indent=1) + "\n")
+                        (RESULTS / "bench_moe.md").write_text(page(list(rows.values())))
+    print(table(list(rows.values())))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
