@@ -122,7 +122,9 @@ def moe_blocks(graph: Graph, weights: Iterable[Any]) -> list[MoEBlock]:
         experts = node.outputs[0].type.shape[-1]
         if not isinstance(experts, int):
             raise ModelFormatError(f"MoE router '{node.name}' has no static expert count ({experts})")
-        blocks.append(MoEBlock(node.name, layer_of[node.name], experts, int(node.attrs["top_k"])))
+        top_k = node.attrs["top_k"]
+        assert isinstance(top_k, int)  # the verifier checked it against the op's type rule
+        blocks.append(MoEBlock(node.name, layer_of[node.name], experts, top_k))
     layers = [b.layer for b in blocks]
     if len(set(layers)) != len(layers):
         twice = sorted({layer for layer in layers if layers.count(layer) > 1})
@@ -134,7 +136,7 @@ def uniform_shares(experts: int, top_k: int) -> tuple[float, ...]:
     return (top_k / experts,) * experts
 
 
-def capped_shares(weights: Sequence[float], top_k: int) -> tuple[float, ...]:
+def capped_shares(weights: Sequence[float] | np.ndarray, top_k: int) -> tuple[float, ...]:
     """Shares in proportion to `weights`, summing to `top_k`, none above 1 (the excess of a capped
     expert goes to the others in proportion, as a token picks an expert at most once)."""
     w = np.asarray(weights, dtype=np.float64)

@@ -174,8 +174,8 @@ def _objective(placement: Placement, weights: list[WeightSpec], target: Target, 
             block = routing.of_layer(spec.layer) if routing is not None and spec.expert >= 0 else None
             if block is not None:  # a step reads the expert when one of its tokens routes to it
                 share = block.shares[spec.expert]
-                read = -(-read * (1.0 - (1.0 - share) ** batch_tokens) // 1)
-                flops, a, produced = flops * share, -(-a * share // 1), -(-produced * share // 1)
+                read = int(-(-read * (1.0 - (1.0 - share) ** batch_tokens) // 1))
+                flops, a, produced = flops * share, int(-(-a * share // 1)), int(-(-produced * share // 1))
         peak = target.flops_per_s(spec.format.kind)
         work = max(1, _ps(max(flops / peak, read / target.chiplet.sram_bytes_per_s)))
         key = (spec.layer, _group(spec))
