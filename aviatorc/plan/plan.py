@@ -184,6 +184,9 @@ class RoutingFigures:
     all_experts_s: float  # this plan's step with every expert on every token (its worst routing)
     experts_per_step: float  # experts a step reads, in expectation, over all blocks
     experts_total: int
+    # Where experts stream: the mean step of the same placement prefetching experts ahead of their
+    # routing, by the predictor's hit rate ("0.9": 9 of 10 routed experts named in advance).
+    prefetch: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ target's assumed figures span (`ranges.py`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Sequence
@@ -33,7 +34,7 @@ from aviatorc.schedule.forked import forked_map
 from aviatorc.schedule.memory import MemoryPlan, kv_beside_weights, plan_memory
 from aviatorc.schedule.model import ModelFacts, model_facts
 from aviatorc.schedule.ranges import figure_ranges
-from aviatorc.schedule.routed import expert_members, prefill_activity, routed_steps
+from aviatorc.schedule.routed import expert_members, predicted_steps, prefill_activity, routed_steps
 from aviatorc.schedule.simulate import NO_ACTIVITY, Activity, SimulationError, Timeline, simulate
 from aviatorc.schedule.trace import chrome_trace
 from aviatorc.target import Target
@@ -45,6 +46,7 @@ _logger = logging.getLogger("aviatorc.schedule")
 
 SWEEP_BATCHES = (1, 4, 16, 64)
 SWEEP_CONTEXTS = (512, 2048, 8192, 32768)
+PREFETCH_HIT_RATES = (0.5, 0.8, 1.0)  # a predictor's hit rates the prefetching step is timed at
 SWEEP_ROUTING_SAMPLES = 8  # routings per sweep point of a mixture of experts (the plan's own step: ROUTING_SAMPLES)
 NOTES = ("costs modelled: matrix units per format, vector units, SRAM, LPDDR channels, links with their "
          "message overheads, the per-layer latency, KV writes, the host's per-token round trip",)
@@ -79,6 +81,10 @@ def schedule(graph: Graph, placement: Placement, weights: Sequence[WeightSpec], 
             routed, activities["decode"] = routed_steps(programs["decode"], target, members, routing,
                                                         workload.tokens("decode"), all_experts_s=every)
             activities["prefill"] = prefill_activity(members, routing)
+            if any(t.expert >= 0 and w >= placement.num_chiplets for t, w in zip(placement.tiles, placement.where,
+                                                                                strict=True)):
+                routed = dataclasses.replace(routed, prefetch=_prefetch(graph, facts, placement, target, memory,
+                                                                          workload, allowed, routing))
         # recorded: the artifact's trace.json (a mixture of experts: its median routing's step)
         decode = simulate(programs["decode"], target, activity=activities.get("decode", NO_ACTIVITY))
         prefill = simulate(programs["prefill"], target, record=False, activity=activities.get("prefill", NO_ACTIVITY))
@@ -118,6 +124,16 @@ def schedule(graph: Graph, placement: Placement, weights: Sequence[WeightSpec], 
         notes.append("no k/v projections recognized: the KV cache is not modelled")
     return Plan(target.name, target_sha256, workload, allowed, planned_tiles(placement), programs, memory.describe(),
                 prediction, cold, prefetch, tuple(notes), target=target, trace=chrome_trace(decode))
+
+
+def _prefetch(graph: Graph, facts: ModelFacts, placement: Placement, target: Target, memory: MemoryPlan,
+              workload: Workload, allowed: Sequence[int], routing: Routing) -> dict[str, float]:
+    """The decode step of this placement prefetching its streamed experts ahead of their routing,
+    by the predictor's hit rate (`routed.predicted_steps`)."""
+    ahead = build_program(facts, placement, target, memory, workload, "decode", chiplets=allowed)
+    members = expert_members(graph, routing, ahead, placement)
+    return {f"{rate:g}": predicted_steps(ahead, target, members, routing, workload.tokens("decode"), rate)
+            for rate in PREFETCH_HIT_RATES}
 
 
 def planned_tiles(placement: Placement) -> tuple[PlannedTile, ...]:

@@ -39,13 +39,23 @@ class ExpertMembers:
     values: dict[str, tuple[int, int]]
     buffers: dict[str, tuple[int, int]]
 
-    def activity(self, shares: dict[int, np.ndarray]) -> Activity:
-        """The step in which expert e of layer L computes `shares[L][e]` of the tokens (0: it is skipped)."""
+    def activity(self, shares: dict[int, np.ndarray], predicted: dict[int, np.ndarray] | None = None) -> Activity:
+        """The step in which expert e of layer L computes `shares[L][e]` of the tokens (0: it is skipped).
+
+        `predicted` (per layer, a mask of experts): a program that prefetches experts ahead of their
+        routing loads the predicted ones where it issues them (a predicted expert no token routes to
+        is loaded for nothing) and a routed one the prediction missed on demand; without it, every
+        routed expert is loaded where the program issues it."""
         def share(key: tuple[int, int]) -> float:
             return float(shares[key[0]][key[1]])
 
+        def guessed(key: tuple[int, int]) -> bool:
+            return predicted is not None and bool(predicted[key[0]][key[1]])
+
         return Activity({n: share(k) for n, k in self.nodes.items()}, {v: share(k) for v, k in self.values.items()},
-                        frozenset(b for b, k in self.buffers.items() if share(k) == 0.0))
+                        frozenset(b for b, k in self.buffers.items() if share(k) == 0.0 and not guessed(k)),
+                        frozenset(b for b, k in self.buffers.items()
+                                  if predicted is not None and share(k) > 0.0 and not guessed(k)))
 
 
 def expert_members(graph: Graph, routing: Routing, program: Program, placement: Placement) -> ExpertMembers:
@@ -96,3 +106,30 @@ def prefill_activity(members: ExpertMembers, routing: Routing) -> Activity:
     """A prefill's experts each on their expected share of the tokens (all of them loaded)."""
     activity = members.activity({b.layer: np.asarray(b.shares) for b in routing.blocks})
     return Activity(activity.compute, activity.values, frozenset())
+
+
+def predicted_steps(program: Program, target: Target, members: ExpertMembers, routing: Routing, tokens: int,
+                    hit_rate: float, *, samples: int = ROUTING_SAMPLES) -> float:
+    """The mean decode step of a program that prefetches experts ahead of their routing (built
+    without `routed`, so expert loads are issued as early as staging allows), under a predictor
+    that names each routed expert with probability `hit_rate` and, for each it misses, a wrong
+    one (drawn by the routing's shares among the experts not routed): as many predicted as routed."""
+    rng = np.random.default_rng(ROUTING_SEED)  # the routings `routed_steps` draws, in the same order
+    guesses = np.random.default_rng(ROUTING_SEED + 1)
+    times = []
+    for _ in range(samples):
+        counts_by_layer = {b.layer: b.sample(rng, tokens) for b in routing.blocks}
+        shares, predicted = {}, {}
+        for b in routing.blocks:
+            counts = counts_by_layer[b.layer]
+            routed = counts > 0
+            hits = routed & (guesses.random(b.experts) < hit_rate)
+            wrong = np.zeros(b.experts, dtype=bool)
+            others = np.flatnonzero(~routed)
+            misses = min(int(routed.sum() - hits.sum()), len(others))
+            if misses:
+                weights = np.asarray(b.shares)[others]
+                wrong[guesses.choice(others, misses, replace=False, p=weights / weights.sum())] = True
+            shares[b.layer], predicted[b.layer] = counts / tokens, hits | wrong
+        times.append(simulate(program, target, record=False, activity=members.activity(shares, predicted)).makespan_s)
+    return float(np.mean(times))

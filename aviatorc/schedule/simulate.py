@@ -65,6 +65,9 @@ class Activity:
     compute: Mapping[str, float]
     values: Mapping[str, float]
     skipped_buffers: frozenset[str]
+    # Loads a predictor missed: each starts when its stream reaches the buffer's wait (on demand)
+    # instead of where the program issues it (`routed.predicted_steps`).
+    deferred_buffers: frozenset[str] = frozenset()
 
 
 NO_ACTIVITY = Activity({}, {}, frozenset())
@@ -119,6 +122,7 @@ class _Simulator(StreamInterpreter):
     def __init__(self, program: Program, target: Target, record: bool, activity: Activity) -> None:
         super().__init__(program)
         self.target, self.record, self.activity = target, record, activity
+        self.deferred: dict[str, Load] = {}  # deferred loads not yet started, by buffer
         self.channel_free = [0.0] * target.num_channels
         self.channel_tracks = [f"lpddr channel {h}" for h in range(target.num_channels)]
         self.link_free: dict[tuple[int, int], float] = {}
@@ -179,10 +183,14 @@ class _Simulator(StreamInterpreter):
     def on_load(self, c: int, step: int, ins: Load, now: float) -> float:
         if ins.buf in self.activity.skipped_buffers:
             landed = now
+        elif ins.buf in self.activity.deferred_buffers:
+            self.deferred[ins.buf] = ins
+            landed = None
         else:
             landed = self._channel(ins.channel, c, ins.bytes, now, "load",
                                    f"{ins.buf} -> chiplet {c}" if self.record else "")
-        self.fire(ins.buf, landed)
+        if landed is not None:
+            self.fire(ins.buf, landed)
         self.held[c] += self.program.buffers[ins.buf].bytes
         self.samples[c].append((now, self.held[c]))
         return now
@@ -192,6 +200,10 @@ class _Simulator(StreamInterpreter):
         return now
 
     def on_wait(self, c: int, step: int, ins: Wait, now: float) -> float | None:
+        load = self.deferred.pop(ins.event, None)
+        if load is not None:  # a missed prediction: the load starts now, when the stream needs it
+            self.fire(ins.event, self._channel(load.channel, c, load.bytes, now, "load",
+                                               f"{load.buf} -> chiplet {c} (on demand)" if self.record else ""))
         when = self.await_key(c, ins.event, now)
         if self.record and when is not BLOCKED and when > now:
             self.span(self.tracks[c], "wait", ins.event, now, when)
