@@ -158,6 +158,7 @@ def _objective(placement: Placement, weights: list[WeightSpec], target: Target, 
     out: dict[tuple[int, str], dict[int, int]] = defaultdict(lambda: defaultdict(int))
     stream: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     act: dict[tuple[int, str], int] = {}
+    fires: dict[tuple[int, str], float] = {}  # an expert's groups: the chance a step runs them (else 1)
     for tile, w, c in zip(placement.tiles, placement.where, placement.compute_chiplet, strict=True):
         spec = specs[tile.weight]
         k, n = tile.k_stop - tile.k_start, tile.n_stop - tile.n_start
@@ -174,7 +175,8 @@ def _objective(placement: Placement, weights: list[WeightSpec], target: Target, 
             block = routing.of_layer(spec.layer) if routing is not None and spec.expert >= 0 else None
             if block is not None:  # a step reads the expert when one of its tokens routes to it
                 share = block.shares[spec.expert]
-                read = int(-(-read * (1.0 - (1.0 - share) ** batch_tokens) // 1))
+                fires[(spec.layer, _group(spec))] = 1.0 - (1.0 - share) ** batch_tokens
+                read = int(-(-read * fires[(spec.layer, _group(spec))] // 1))
                 flops, a, produced = flops * share, int(-(-a * share // 1)), int(-(-produced * share // 1))
         peak = target.flops_per_s(spec.format.kind)
         work = max(1, _ps(max(flops / peak, read / target.chiplet.sram_bytes_per_s)))
@@ -190,19 +192,22 @@ def _objective(placement: Placement, weights: list[WeightSpec], target: Target, 
         chips = set(load[key])
         total += max(load[key].values())  # groups run one after another, each balanced on its own
         # Broadcast: one transfer per extra chiplet in a package, package on a card, card.
-        cost = [_ps(link.message_s + act[key] / link.bytes_per_s + link.latency_s) for link in target.links]
+        # Transfers happen when the group runs: an expert's are charged at the chance its routing runs it.
+        f = fires.get(key, 1.0)
+        cost = [round((link.message_s + act[key] / link.bytes_per_s + link.latency_s) * 1e12 * f)
+                for link in target.links]
         packages = {c // per_package for c in chips}
         cards = {c // per_card for c in chips}
         total += (len(chips) - len(packages)) * cost[0] + (len(packages) - len(cards)) * cost[1] + (len(cards) - 1) * cost[2]
-        total += _collect(out[key], target)
+        total += round(_collect(out[key], target) * f)
         root = min(chips)
         if key[0] in homes:  # the input comes from the layer's home, the output goes back there
             home = homes[key[0]]
-            total += _send(home, root, act[key], target) + _send(root, home, sum(out[key].values()), target)
+            total += round((_send(home, root, act[key], target) + _send(root, home, sum(out[key].values()), target)) * f)
         if position + 1 < len(keys):  # hand the whole output on: from the home (or lowest chiplet) to the next's
             after = keys[position + 1]
             src, dst = homes.get(key[0], root), homes.get(after[0], min(load[after]))
-            total += _send(src, dst, sum(out[key].values()), target)
+            total += round(_send(src, dst, sum(out[key].values()), target) * f)
     return total
 
 

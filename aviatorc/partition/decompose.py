@@ -94,7 +94,7 @@ def signature(problem: Problem, tiles: list[int]) -> tuple:
         group = problem.group_of[t]
         g = groups.setdefault(group, len(groups))
         parts.append((tile.role, tile.k, tile.n, tile.format.name, g, problem.edge_ps[group], problem.home_of(group),
-                      problem.read_bytes[t], problem.work_ps[t]))  # experts that fire more or less often differ
+                      problem.read_bytes[t], problem.work_ps[t], t in problem.cold))  # so do hot and cold experts
     return tuple(parts)
 
 

@@ -244,6 +244,13 @@ def _fill(problem: Problem, tiles: Sequence[int], where: list[int], free: list[i
     for t in sorted(tiles, key=lambda t: (-problem.work_ps[t], t)):
         nbytes = problem.tile_bytes[t]
         room = [c for c in block if free[c] >= nbytes] if t not in problem.cold else []
+        if not room and problem.cold and problem.tiles[t].expert >= 0 and t not in problem.cold:
+            # The routing's knapsack keeps this expert resident (`cold_experts`): outside the block
+            # if need be, on the chiplet with the most room, rather than streamed.
+            room = [max((c for c in problem.chiplets if free[c] >= nbytes), key=lambda c: (free[c], -c), default=-1)]
+            room = [c for c in room if c >= 0]
+            for c in room:
+                load.setdefault(c, 0)
         if room:
             c = min(room, key=lambda c: (load[c], c))
             where[t] = c

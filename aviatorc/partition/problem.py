@@ -94,6 +94,12 @@ class Problem:
     batch_tokens: int
     group_home: tuple[int, ...] = ()  # group -> its layer's home chiplet, -1 for none (empty: no homes given)
     cold: frozenset[int] = frozenset()  # expert tiles the routing leaves out of SRAM (`cold_experts`)
+    group_fires: tuple[float, ...] = ()  # group -> the probability a step runs it (empty: always)
+
+    def fires_of(self, group: int) -> float:
+        """The probability that a step runs `group` (an expert's: its routing's; else 1): what its
+        transfers cost is charged in expectation."""
+        return self.group_fires[group] if self.group_fires else 1.0
 
     def home_of(self, group: int) -> int:
         return self.group_home[group] if self.group_home else -1
@@ -179,6 +185,7 @@ def build_problem(tiles: Sequence[Tile], target: Target, *, batch_tokens: int = 
     group_act: dict[str, int] = {}
     group_out: dict[str, int] = {}
     order: dict[str, tuple[int, int]] = {}  # group -> (layer, first tile)
+    fires: dict[str, float] = {}  # an expert's groups -> the probability a step runs them
     for index, tile in enumerate(tiles):
         nbytes = tile.storage_bytes
         if tile.is_embedding:
@@ -199,7 +206,8 @@ def build_problem(tiles: Sequence[Tile], target: Target, *, batch_tokens: int = 
             produced = tile.n * abpe * batch_tokens
             block = routing.of_layer(tile.layer) if routing is not None and tile.expert >= 0 else None
             if block is not None:  # expected: read when the expert fires, computed on its routed tokens
-                per_step = math.ceil(per_step * block.fires(tile.expert, batch_tokens))
+                fires[tile.group] = block.fires(tile.expert, batch_tokens)
+                per_step = math.ceil(per_step * fires[tile.group])
                 share = block.shares[tile.expert]
                 flops *= share
                 act = math.ceil(act * share)
@@ -220,7 +228,8 @@ def build_problem(tiles: Sequence[Tile], target: Target, *, batch_tokens: int = 
     if outside:
         raise OptionError(f"layer homes on chiplets {outside} outside the placement's chiplets",
                           hint="give each layer a home among the allowed chiplets")
-    edge = tuple(tuple(round(link.transfer_s(group_act[g]) * PS) for link in target.links) for g in groups)
+    edge = tuple(tuple(round(link.transfer_s(group_act[g]) * PS * fires.get(g, 1.0)) for link in target.links)
+                 for g in groups)
     return Problem(
         target=target,
         tiles=tuple(tiles),
@@ -243,21 +252,22 @@ def build_problem(tiles: Sequence[Tile], target: Target, *, batch_tokens: int = 
         batch_tokens=batch_tokens,
         group_home=tuple(homes.get(order[g][0], -1) for g in groups) if homes else (),
         cold=cold_experts(tiles, tile_bytes, read, sum(capacity)) if routing is not None else frozenset(),
+        group_fires=tuple(fires.get(g, 1.0) for g in groups) if fires else (),
     )
 
 
 def cold_experts(tiles: Sequence[Tile], tile_bytes: Sequence[int], read_bytes: Sequence[int],
                  capacity: int) -> frozenset[int]:
-    """The expert tiles that stream when SRAM is given to the experts a step reads most per stored
-    byte (the fractional knapsack over the routing's expectation), after every other tile: a layer
-    placed early must not fill SRAM with its cold experts while a later layer's hot ones stream."""
-    experts = [t for t, tile in enumerate(tiles) if tile.expert >= 0]
-    room = capacity - sum(b for t, b in enumerate(tile_bytes) if tiles[t].expert < 0)
+    """The expert tiles that stream when SRAM goes to the tiles a step reads most per stored byte
+    (the knapsack over the routing's expectation; an embedding table, read a row per token, comes
+    last): a layer placed early must not fill SRAM with its cold experts while a later layer's hot
+    ones stream. Only experts are marked; the other tiles are the greedy's to place."""
+    room = capacity
     cold = set()
-    for t in sorted(experts, key=lambda t: (-read_bytes[t] / max(1, tile_bytes[t]), t)):
+    for t in sorted(range(len(tiles)), key=lambda t: (-read_bytes[t] / max(1, tile_bytes[t]), t)):
         if tile_bytes[t] <= room:
             room -= tile_bytes[t]
-        else:
+        elif tiles[t].expert >= 0:
             cold.add(t)
     return frozenset(cold)
 
@@ -311,8 +321,8 @@ def home_trips_ps(problem: Problem, group: int, root: int) -> int:
     home = problem.home_of(group)
     if home < 0:
         return 0
-    return (handoff_ps(home, root, problem.group_act_bytes[group], problem.target)
-            + handoff_ps(root, home, problem.group_out_bytes[group], problem.target))
+    return round((handoff_ps(home, root, problem.group_act_bytes[group], problem.target)
+                  + handoff_ps(root, home, problem.group_out_bytes[group], problem.target)) * problem.fires_of(group))
 
 
 def next_handoff_ps(problem: Problem, group: int, root: int, after: int, after_root: int) -> int:
@@ -322,7 +332,8 @@ def next_handoff_ps(problem: Problem, group: int, root: int, after: int, after_r
         home = problem.home_of(g)
         return home if home >= 0 else g_root
 
-    return handoff_ps(where(group, root), where(after, after_root), problem.group_out_bytes[group], problem.target)
+    return round(handoff_ps(where(group, root), where(after, after_root), problem.group_out_bytes[group],
+                            problem.target) * problem.fires_of(group))
 
 
 def _marginal_edge(problem: Problem, c: int, used: set[int], packages: set[int], cards: set[int],
@@ -434,7 +445,7 @@ def layer_costs(problem: Problem, where: Sequence[int], tiles: Sequence[int] | N
         cut = sum(tree_ps(set(load[g]), target, problem.edge_ps[g]) for g in groups)
         collect = 0
         for g in groups:
-            collect += gather_ps(slices[g], target) + home_trips_ps(problem, g, min(load[g]))
+            collect += round(gather_ps(slices[g], target) * problem.fires_of(g)) + home_trips_ps(problem, g, min(load[g]))
             after = problem.next_group[g]
             if after >= 0 and after in load:
                 collect += next_handoff_ps(problem, g, min(load[g]), after, min(load[after]))
@@ -455,7 +466,8 @@ def group_cost_ps(problem: Problem, where: Sequence[int], members: Sequence[int]
         load[compute[t]] = load.get(compute[t], 0) + problem.work_ps[t]
         slices[compute[t]] = slices.get(compute[t], 0) + problem.out_bytes[t]
     return (max(load.values(), default=0) + tree_ps(set(load), problem.target, problem.edge_ps[g])
-            + gather_ps(slices, problem.target) + (home_trips_ps(problem, g, min(load)) if load else 0))
+            + round(gather_ps(slices, problem.target) * problem.fires_of(g))
+            + (home_trips_ps(problem, g, min(load)) if load else 0))
 
 
 def total_cost(problem: Problem, where: Sequence[int], tiles: Sequence[int] | None = None) -> int:

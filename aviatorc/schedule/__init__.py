@@ -47,6 +47,7 @@ _logger = logging.getLogger("aviatorc.schedule")
 SWEEP_BATCHES = (1, 4, 16, 64)
 SWEEP_CONTEXTS = (512, 2048, 8192, 32768)
 PREFETCH_HIT_RATES = (0.5, 0.8, 1.0)  # a predictor's hit rates the prefetching step is timed at
+PREFETCH_SAMPLES = 16  # routings per hit rate (the first of those the routed step is timed on)
 SWEEP_ROUTING_SAMPLES = 8  # routings per sweep point of a mixture of experts (the plan's own step: ROUTING_SAMPLES)
 NOTES = ("costs modelled: matrix units per format, vector units, SRAM, LPDDR channels, links with their "
          "message overheads, the per-layer latency, KV writes, the host's per-token round trip",)
@@ -132,8 +133,8 @@ def _prefetch(graph: Graph, facts: ModelFacts, placement: Placement, target: Tar
     by the predictor's hit rate (`routed.predicted_steps`)."""
     ahead = build_program(facts, placement, target, memory, workload, "decode", chiplets=allowed)
     members = expert_members(graph, routing, ahead, placement)
-    return {f"{rate:g}": predicted_steps(ahead, target, members, routing, workload.tokens("decode"), rate)
-            for rate in PREFETCH_HIT_RATES}
+    return {f"{rate:g}": predicted_steps(ahead, target, members, routing, workload.tokens("decode"), rate,
+                                         samples=PREFETCH_SAMPLES) for rate in PREFETCH_HIT_RATES}
 
 
 def planned_tiles(placement: Placement) -> tuple[PlannedTile, ...]:
