@@ -14,13 +14,14 @@ from aviatorc import zoo
 from aviatorc.cli import main
 from aviatorc.ir.experts import expert_nodes
 from aviatorc.partition.weights import weights_from_graph
-from aviatorc.plan.ir import Compute, Load, Recv
+from aviatorc.plan.ir import Buffer, Compute, Free, Load, Program, Recv, Wait, Workload
 from aviatorc.routing import moe_blocks, routing_for
 from aviatorc.schedule import bound_inputs, model_facts, simulate
 from aviatorc.schedule.bound import physical_bound
 from aviatorc.schedule.build import build_program
 from aviatorc.schedule.memory import plan_memory
-from aviatorc.schedule.routed import expert_members
+from aviatorc.schedule.routed import expert_members, routed_steps
+from aviatorc.schedule.simulate import Activity
 from aviatorc.target import load_target
 
 TIGHT = {"chiplet.sram_bytes": 65536, "card.lpddr_attach": "chiplet"}
@@ -58,6 +59,39 @@ def test_the_experts_a_step_reads_most_are_the_resident_ones(compiled):
         streamed = [share[key] for key, tiles in where.items() if key[0] == layer and not any(tiles)]
         assert resident and streamed  # the SRAM holds some of each layer's experts, not all
         assert min(resident) > max(streamed)
+    # and the SRAM is used: what is left on every chiplet could not hold the smallest streamed expert tile
+    placement, plan = compiled.placement, compiled.plan
+    free = [plan.target.chiplet.sram_bytes - reserve - held
+            for reserve, held in zip(plan.memory.reserve_bytes, placement.chiplet_bytes, strict=True)]
+    smallest = min(t.storage_bytes for t, w in zip(placement.tiles, placement.where, strict=True)
+                   if t.expert >= 0 and w >= placement.num_chiplets)
+    assert max(free) < smallest
+
+
+def test_a_predictor_that_names_the_routed_experts_hides_their_loads(compiled):
+    """The same placement prefetching its experts ahead of their routing: the better the
+    predictor, the shorter the step, and a perfect one beats loading on demand."""
+    prefetch = compiled.plan.prediction.routing.prefetch
+    assert set(prefetch) == {"0.5", "0.8", "1"}
+    assert prefetch["0.5"] > prefetch["0.8"] > prefetch["1"]
+    plan, routing = compiled.plan, routing_of(compiled)
+    program = plan.programs["decode"]
+    members = expert_members(compiled.graph, routing, program, compiled.placement)
+    on_demand = routed_steps(program, plan.target, members, routing, 1, all_experts_s=0.0, samples=16)[0].mean_s
+    assert prefetch["1"] < on_demand
+
+
+def test_a_load_the_predictor_missed_starts_when_its_stream_needs_it():
+    target = load_target("mock", overrides={"card.lpddr_attach": "chiplet"})  # 2.5 GB/s a channel
+    program = Program("decode", Workload())
+    program.add_buffer(Buffer("s", 0, 25_000, "staging", tile=0))
+    program.emit(0, Load("s", 0, 25_000))  # 10 us
+    program.emit(0, Compute("before", (), 0, 0, 5_000_000, "fp16", None, False))  # 5 us of vector work
+    program.emit(0, Wait("s"))
+    program.emit(0, Free("s"))
+    ahead = simulate(program, target).makespan_s
+    missed = simulate(program, target, activity=Activity({}, {}, frozenset(), frozenset({"s"}))).makespan_s
+    assert ahead == pytest.approx(10e-6) and missed == pytest.approx(15e-6)
 
 
 def routing_of(result):
