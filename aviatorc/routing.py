@@ -235,3 +235,68 @@ def measure_routing(graph: Graph, blocks: Sequence[MoEBlock], batches: Sequence[
         floor = 0.01 * b.top_k / b.experts * max(1, tokens)
         found.append(BlockRouting(b.layer, b.top_k, capped_shares(np.maximum(counts[b.router], floor), b.top_k)))
     return Routing(f"measured on {tokens} calibration tokens", tuple(found))
+
+
+@dataclass(frozen=True)
+class PredictionHits:
+    """How well one block's routing is predicted from the block before it (`measure_prediction`)."""
+
+    layer: int
+    hit_rate: float  # of the experts the block routed its tokens to, the share the predictor named
+    chance: float  # the same for a guess of top_k experts drawn by the block's measured shares
+
+
+def measure_prediction(graph: Graph, blocks: Sequence[MoEBlock], batches: Sequence[Mapping[str, Any]]
+                       ) -> list[PredictionHits]:
+    """Pre-gating, as a runtime could predict a block's experts one block ahead: block j's router
+    run on the hidden state that entered block j - 1's router; its top_k experts per token against
+    the ones block j's router then chooses. Each block after the first, on `batches`."""
+    from aviatorc.ir.experts import router_matmuls
+    from aviatorc.ir.interpreter import evaluate, evaluate_nodes
+
+    routers = {b.router for b in blocks}
+    ordered = [node for node in graph.nodes if node.name in routers]
+    matmul_of = {}
+    for matmul in router_matmuls(graph):
+        for node in ordered:  # the router whose logits this MatMul computes: the first after it
+            if graph.position(node) > graph.position(matmul) and node.name not in matmul_of:
+                matmul_of[node.name] = matmul
+                break
+    chains = {node.name: _chain(graph, matmul_of[node.name], node) for node in ordered}
+    wanted = {v.name for chain in chains.values() for n in chain for v in n.inputs if v is not None
+              and v.data is None} | {node.outputs[0].name for node in ordered}
+    hits = {node.name: [0, 0] for node in ordered}
+    chance: dict[str, float] = {}
+    by_router = {b.router: b for b in blocks}
+    for feeds in batches:
+        kept = evaluate(graph, feeds, keep=sorted(wanted), only_kept=True)
+        for before, node in zip(ordered, ordered[1:], strict=False):
+            chain = chains[node.name]
+            values = {v: kept[v.name] for n in chain for v in n.inputs if v is not None and v.data is None}
+            values[matmul_of[node.name].input(0)] = kept[matmul_of[before.name].input(0).name]
+            evaluate_nodes(chain, values)
+            experts = by_router[node.name].experts
+            guess = values[node.outputs[0]].reshape(-1, experts) != 0
+            actual = kept[node.outputs[0].name].reshape(-1, experts) != 0
+            hits[node.name][0] += int((guess & actual).sum())
+            hits[node.name][1] += int(actual.sum())
+            shares = actual.mean(axis=0)
+            chance[node.name] = float((shares * shares).sum() / max(1e-12, shares.sum()))
+    return [PredictionHits(by_router[node.name].layer, hits[node.name][0] / max(1, hits[node.name][1]),
+                           chance[node.name]) for node in ordered[1:]]
+
+
+def _chain(graph: Graph, matmul: Any, router: Any) -> list[Any]:
+    """The nodes from a router's logits MatMul to the router, in graph order."""
+    found = {router}
+    stack = [router]
+    while stack:
+        node = stack.pop()
+        if node is matmul:
+            continue
+        for value in node.inputs:
+            if value is not None and value.producer is not None and value.producer not in found \
+                    and graph.position(value.producer) >= graph.position(matmul):
+                found.add(value.producer)
+                stack.append(value.producer)
+    return sorted(found, key=graph.position)

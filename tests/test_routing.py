@@ -13,7 +13,15 @@ from aviatorc.errors import ModelFormatError, OptionError
 from aviatorc.frontends.torch import import_hf_config
 from aviatorc.frontends.torch.hf import build_meta_model
 from aviatorc.partition.weights import weights_from_graph
-from aviatorc.routing import BlockRouting, MoEBlock, capped_shares, measure_routing, moe_blocks, routing_for
+from aviatorc.routing import (
+    BlockRouting,
+    MoEBlock,
+    capped_shares,
+    measure_prediction,
+    measure_routing,
+    moe_blocks,
+    routing_for,
+)
 
 BLOCKS = [MoEBlock("router0", 0, 8, 2), MoEBlock("router1", 3, 8, 2)]
 
@@ -111,3 +119,31 @@ def test_measured_routing_counts_the_experts_transformers_routes_to(tmp_path):
         got = np.asarray(block.shares)
         assert np.abs(got - np.maximum(want, floor) * 2 / np.maximum(want, floor).sum()).max() < 1e-9
     assert measured.source == "measured on 18 calibration tokens"
+
+
+def test_the_measured_prediction_hit_rate_is_transformers_own_routers_one_block_ahead(tmp_path):
+    """Pre-gating on the tiny Qwen3-MoE: layer 1's router on the hidden state layer 0's router saw,
+    against layer 1's router on its own, recomputed with the transformers model's gates."""
+    path = zoo.write_family_config("qwen3_moe", tmp_path)
+    graph = import_hf_config(path, shape_only=False)
+    model = build_meta_model(zoo.family_config("qwen3_moe"), on_meta=False)
+    tokens = np.random.default_rng(3).integers(3, zoo.VOCAB_SIZE, (3, 11))
+    (hits,) = measure_prediction(graph, moe_blocks(graph, weights_from_graph(graph)), [{"input_ids": tokens}])
+    seen: dict[int, torch.Tensor] = {}
+    gates = [layer.mlp.gate for layer in model.model.layers]
+    handles = [gate.register_forward_hook(lambda mod, args, out, i=i: seen.__setitem__(i, args[0].detach()))
+               for i, gate in enumerate(gates)]
+    with torch.no_grad():
+        model(input_ids=torch.from_numpy(tokens), use_cache=False)
+        for handle in handles:
+            handle.remove()
+
+        def chosen(x: torch.Tensor) -> set[tuple[int, int]]:
+            logits = torch.nn.functional.linear(x.reshape(-1, x.shape[-1]), gates[1].weight)
+            top = torch.topk(torch.softmax(logits, dim=-1), 2, dim=-1).indices
+            return {(row, int(e)) for row in range(top.shape[0]) for e in top[row]}
+
+        predicted, actual = chosen(seen[0]), chosen(seen[1])
+    assert hits.layer == 1
+    assert hits.hit_rate == pytest.approx(len(predicted & actual) / len(actual))
+    assert 0.0 < hits.chance < hits.hit_rate  # random weights, yet one block ahead names most experts
