@@ -9,7 +9,14 @@ batch=B)` (no sweep, no ranges) and reports, from the plan:
 - TTFT (every expert runs in a prefill, each on its share of the prompt) and its bound;
 - the experts a step reads in expectation, the experts resident, and the share of a step's
   expected expert bytes that are resident (what the hot/cold placement buys);
-- SRAM use (resident weight bytes over the cards' SRAM) and the compile's wall time.
+- SRAM use (resident weight bytes over the cards' SRAM) and the compile's wall time;
+- where experts stream, the same placement prefetching experts ahead of their routing, by a
+  predictor's hit rate (a missed expert is loaded on demand, a wrong guess for nothing), and the
+  lowest hit rate of those at which the step is within 10% of a perfect predictor's.
+
+A second table measures the hit rate of one such predictor, pre-gating (a block's router run on
+the hidden state the block before it routed), on the tiny random-weight models of
+`aviatorc.zoo.FAMILY_ARCHS` with more than one MoE block: the only MoE weights at hand.
 
 Figures are simulated. The routings are assumed (`uniform`, `zipf:S`), not measured: these
 configs have no trained weights. Rows are kept in `tools/results/bench_moe.json` by case, so
@@ -26,6 +33,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -64,7 +72,7 @@ r = p.routing
 print(json.dumps({
     "mean_s": r.mean_s, "p50_s": r.p50_s, "p99_s": r.p99_s, "all_experts_s": r.all_experts_s,
     "bound_s": p.bound.token_s, "efficiency": p.efficiency, "ttft_s": p.ttft_s, "ttft_bound_s": p.bound.ttft_s,
-    "experts_per_step": r.experts_per_step, "experts_total": r.experts_total,
+    "experts_per_step": r.experts_per_step, "experts_total": r.experts_total, "prefetch": r.prefetch,
     "experts_resident": sum(all(v) for v in held.values()),
     "expected_resident_share": expected_resident / expected if expected else 0.0,
     "sram_use": sum(t.storage_bytes for t, w in zip(placement.tiles, placement.where) if w < placement.num_chiplets) / sram,
@@ -99,21 +107,57 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
+def needed(prefetch: dict[str, float]) -> str:
+    """The lowest hit rate timed whose step is within 10% of a perfect predictor's."""
+    if not prefetch:
+        return "-"
+    perfect = prefetch["1"]
+    return min((rate for rate, step in prefetch.items() if step <= 1.1 * perfect), key=float)
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| model | cards | batch | routing | mean | P50 | P99 | every expert | bound | efficiency | TTFT (bound) "
-             "| experts a step | resident experts | expected expert bytes resident | SRAM use | compile | commit |",
-             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| experts a step | resident experts | expected expert bytes resident | SRAM use "
+             "| prefetching at hit rate 0.5 / 0.8 / 1 | hit rate needed | compile | commit |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in sorted(rows, key=key):
+        ahead = r.get("prefetch") or {}
         lines.append(
             f"| {r['model']} | {r['cards']} | {r['batch']} | {r['routing']} | {ms(r['mean_s'])} | {ms(r['p50_s'])} "
             f"| {ms(r['p99_s'])} | {ms(r['all_experts_s'])} | {ms(r['bound_s'])} | {r['efficiency']:.3f} "
             f"| {ms(r['ttft_s'])} ({ms(r['ttft_bound_s'])}) | {r['experts_per_step']:,.0f} of {r['experts_total']:,} "
             f"| {r['experts_resident']:,} | {r['expected_resident_share']:.1%} | {r['sram_use']:.1%} "
-            f"| {r['compile_s']:.0f} s | {r['commit']} |")
+            f"| {' / '.join(ms(ahead[k]) for k in ('0.5', '0.8', '1')) if ahead else '(no expert streams)'} "
+            f"| {needed(ahead)} | {r['compile_s']:.0f} s | {r['commit']} |")
     return "\n".join(lines)
 
 
-def page(rows: list[dict]) -> str:
+def prediction_table() -> str:
+    """Pre-gating's hit rate on the tiny family models (random weights), 4 batches of 2 x 32 tokens."""
+    import numpy as np
+
+    from aviatorc import zoo
+    from aviatorc.frontends.torch import import_hf_config
+    from aviatorc.partition.weights import weights_from_graph
+    from aviatorc.routing import measure_prediction, moe_blocks
+
+    lines = ["| model (tiny, random weights) | blocks predicted | experts, top-k | hit rate | chance |",
+             "|---|---:|---:|---:|---:|"]
+    for arch in zoo.MOE_ARCHS:
+        with tempfile.TemporaryDirectory() as folder:
+            graph = import_hf_config(zoo.write_family_config(arch, folder), shape_only=False)
+        blocks = moe_blocks(graph, weights_from_graph(graph))
+        if len(blocks) < 2:
+            continue
+        rng = np.random.default_rng(0)
+        batches = [{"input_ids": rng.integers(3, zoo.VOCAB_SIZE, (2, 32))} for _ in range(4)]
+        hits = measure_prediction(graph, blocks, batches)
+        lines.append(f"| {arch} | {len(hits)} | {blocks[0].experts}, {blocks[0].top_k} "
+                     f"| {np.mean([h.hit_rate for h in hits]):.3f} | {np.mean([h.chance for h in hits]):.3f} |")
+    return "\n".join(lines)
+
+
+def page(rows: list[dict], predicted: str) -> str:
     return (
         "# Mixtures of experts planned for their routing (`tools/bench_moe.py`)\n\n"
         "The released `config.json` files, shape-only, compiled for `corsair` (one LPDDR channel per chiplet) "
@@ -125,7 +169,15 @@ def page(rows: list[dict]) -> str:
         "routing is known (no prediction yet). Times are simulated: the mean, P50 and P99 over 64 sampled "
         "routings, and the same plan's step with every expert firing. The bound is in expectation over the "
         "routing. \"Expected expert bytes resident\": of the expert bytes a step reads in expectation, the "
-        "share already in SRAM.\n\n" + table(rows) + "\n"
+        "share already in SRAM. Prefetching: the same placement with expert loads issued as early as staging "
+        "allows, for the experts a predictor names (\"hit rate needed\": the lowest timed at which the step is "
+        "within 10% of a perfect predictor's).\n\n" + table(rows) + "\n\n"
+        "## A predictor's hit rate on the models at hand\n\n"
+        "Pre-gating: block j's router run on the hidden state that entered block j - 1's router, its top-k experts "
+        "per token against those block j then routes to (`aviatorc.routing.measure_prediction`). \"Chance\": a "
+        "guess of top-k experts drawn by the block's measured shares. These tiny models have random weights, "
+        "which route almost uniformly; a trained model's hidden state and routers differ, so this says the "
+        "predictor runs, not what it achieves on a released model.\n\n" + predicted + "\n"
     )
 
 
@@ -140,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     store = RESULTS / "bench_moe.json"
     rows = {key(r): r for r in (json.loads(store.read_text()) if store.exists() else [])}
+    predicted = prediction_table()
+    print(predicted, flush=True)
     for model in sorted(args.models, key=MODELS.index):
         for cards in args.cards:
             for batch in args.batch:
@@ -153,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                     if not args.no_write:  # after each case: a long run cut short keeps what it measured
                         RESULTS.mkdir(parents=True, exist_ok=True)
                         store.write_text(json.dumps(sorted(rows.values(), key=key), indent=1) + "\n")
-                        (RESULTS / "bench_moe.md").write_text(page(list(rows.values())))
+                        (RESULTS / "bench_moe.md").write_text(page(list(rows.values()), predicted))
     print(table(list(rows.values())))
     return 0
 
