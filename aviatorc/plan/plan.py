@@ -29,6 +29,7 @@ PLAN_SCHEMA_VERSION = 5
 READABLE_PLAN_SCHEMAS = (2, 3, 4, 5)  # an older plan's missing fields take their defaults (FIELDS_SINCE)
 # The memory fields each version added: 3, a bounded KV cache; 4, the weight-stationary prefill.
 FIELDS_SINCE = {"kv_sinks": 3, "kv_recent": 3, "prefill_block_tokens": 4, "prefill_staging_bytes_per_chiplet": 4}
+PREDICTION_FIELDS_SINCE = {"routing": 5}  # 5: a mixture of experts' routed step
 
 
 @dataclass(frozen=True)
@@ -274,11 +275,12 @@ class Plan:
         if version not in READABLE_PLAN_SCHEMAS:
             raise ModelFormatError(f"{where}: schema version {version!r} is not supported (this aviatorc reads "
                                    f"{' and '.join(map(str, READABLE_PLAN_SCHEMAS))}; recompile the model)")
-        newer = sorted(f for f in data.get("memory", {}) if FIELDS_SINCE.get(f, 0) > version) \
-            if isinstance(data.get("memory"), dict) else []
-        if newer:
-            raise ModelFormatError(f"{where}: memory.{newer[0]} is a schema version {FIELDS_SINCE[newer[0]]} field, "
-                                   f"not version {version}'s")
+        for section, since in (("memory", FIELDS_SINCE), ("prediction", PREDICTION_FIELDS_SINCE)):
+            newer = sorted(f for f in data.get(section, {}) if since.get(f, 0) > version) \
+                if isinstance(data.get(section), dict) else []
+            if newer:
+                raise ModelFormatError(f"{where}: {section}.{newer[0]} is a schema version {since[newer[0]]} field, "
+                                       f"not version {version}'s")
         expected = {"schema_version", "target", "workload", "chiplets", "prefetch", "weights", "tiles", "memory",
                     "tables", "programs", "cold_start", "prediction", "notes", "tensor_dtypes"}
         missing = sorted(expected - set(data))
