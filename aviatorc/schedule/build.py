@@ -132,6 +132,7 @@ class _Builder:
         for c in chiplets:
             cards.setdefault(target.card_of(c), []).append(c)
         self.cards = cards
+        self.expert_chiplet = self._expert_chiplets()
         self.node_chiplets = {(n.name, b): self._chiplets_of(n, b) for n in facts.order for b in range(blocks)}
         self.staged_names: dict[int, int] = {}
         self.on_demand = False  # routed experts' loads wait for the stream to reach the expert
@@ -158,13 +159,33 @@ class _Builder:
             homes[layer] = previous = home
         return homes
 
+    def _expert_chiplets(self) -> dict[str, int]:
+        """An expert's nodes -> the one chiplet computing all of its weights, for the experts that
+        have one: its activation function runs there and its outputs are collected there, so the
+        expert runs on its chiplet start to end (its dispatch and combine stay at the block's home)."""
+        chips: dict[tuple[int, int], set[int]] = {}
+        for t, tile in enumerate(self.placement.tiles):
+            if tile.expert >= 0:
+                chips.setdefault((tile.layer, tile.expert), set()).add(self.placement.compute_chiplet[t])
+        found = {}
+        for name, expert in self.facts.expert_of.items():
+            where = chips.get((self.facts.layer_of_node[name], expert), set())
+            if len(where) == 1 and self.facts.node(name).op != "MoEDispatch":
+                found[name] = next(iter(where))
+        return found
+
+    def node_home(self, node: Node, block: int | None = None) -> int:
+        """Where a node's non-weight work runs and its weight parts are collected."""
+        where = self.expert_chiplet.get(node.name)
+        return where if where is not None else self.block_home(self.facts.layer_of_node[node.name], block)
+
     def _chiplets_of(self, node: Node, block: int) -> list[int]:
         uses = self.facts.uses.get(node.name)
         if uses:
             return sorted({self.placement.compute_chiplet[u.tile] for u in uses})
         if node.name in self.facts.attention:
             return sorted(set(self._kv_chunk_chiplets(node)))
-        return [self.block_home(self.facts.layer_of_node[node.name], block)]
+        return [self.node_home(node, block)]
 
     def block_home(self, layer: int, block: int | None = None) -> int:
         """Where a block's non-weight work of `layer` runs and its weight nodes' parts are collected:
@@ -271,7 +292,7 @@ class _Builder:
 
     def _plain_node(self, node: Node) -> None:
         layer = self.facts.layer_of_node[node.name]
-        home = self.homes[layer] if node.name in self.facts.attention else self.block_home(layer)
+        home = self.homes[layer] if node.name in self.facts.attention else self.node_home(node)
         self._receive_inputs(node, home)
         if node.name in self.facts.attention:
             self._attention(node, layer, home)
@@ -284,7 +305,7 @@ class _Builder:
 
     def _weight_node(self, node: Node, uses: list[TileUse]) -> None:
         layer = self.facts.layer_of_node[node.name]
-        home = self.block_home(layer)
+        home = self.node_home(node)
         out = node.outputs[0]
         rows_total = max(u.stop for u in uses)
         # A prefill computes the graph's outputs (logits) for each sequence's last token only.

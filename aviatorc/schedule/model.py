@@ -71,6 +71,7 @@ class ModelFacts:
     weight_chain: set[str] = field(default_factory=set)  # nodes between a stored weight and its reader
     outputs: set[str] = field(default_factory=set)  # graph output values
     output_order: list[str] = field(default_factory=list)  # the same, in the graph's order (logits first)
+    expert_of: dict[str, int] = field(default_factory=dict)  # node inside a mixture of experts' expert -> its index
     peaks: dict[tuple[int, int, bool, int, int], int] = field(default_factory=dict)  # memo of activation peaks
     _by_name: dict[str, Node] = field(default_factory=dict, repr=False)
     _runs: LayerRuns | None = field(default=None, repr=False)  # memo of `layer_runs` (memory and build ask)
@@ -186,8 +187,49 @@ def model_facts(graph: Graph, tiles: Sequence[Tile]) -> ModelFacts:
     scores = {v.name for n in graph.nodes if n.op == "Softmax" for v in (*n.inputs, *n.outputs) if v is not None}
     chain = _weight_chain_nodes(graph, uses)
     elements = {out.name: numel_bound(out.type.shape) for n in graph.nodes if n.name not in chain for out in n.outputs}
-    return ModelFacts(list(graph.nodes), layer_of, uses, attention, kv_width, q_width, _graph_tokens(graph),
-                      elements, scores, chain, {v.name for v in graph.outputs}, [v.name for v in graph.outputs])
+    from aviatorc.ir.experts import expert_nodes
+
+    return ModelFacts(_experts_side_by_side(graph), layer_of, uses, attention, kv_width, q_width,
+                      _graph_tokens(graph), elements, scores, chain, {v.name for v in graph.outputs},
+                      [v.name for v in graph.outputs], {n.name: ref.expert for n, ref in expert_nodes(graph).items()})
+
+
+def _experts_side_by_side(graph: Graph) -> list[Node]:
+    """The graph's order with each mixture of experts' block in three parts: every expert's
+    dispatch, then the experts, then the combines. The block's home then sends every routed expert
+    its input before it waits on any of them, so the experts (and their on-demand loads) run side
+    by side rather than one after another. Nodes reading stored weights alone keep their place."""
+    from aviatorc.ir.experts import expert_nodes
+
+    inside = {node: ref.block for node, ref in expert_nodes(graph).items()}
+    weights: set[int] = set()  # values computed from stored weights alone (a dequantized expert weight)
+    order: list[Node] = []
+    held: dict[str, tuple[list[Node], list[Node], list[Node]]] = {}  # block -> dispatches, experts, combines
+
+    def flush() -> None:
+        for parts in held.values():
+            for part in parts:
+                order.extend(part)
+        held.clear()
+
+    for node in graph.nodes:
+        if all(v is None or v.is_initializer or id(v) in weights for v in node.inputs):
+            weights.update(id(out) for out in node.outputs)
+            order.append(node)
+            continue
+        if node.op == "MoECombine":
+            routing = node.input(0)
+            block = routing.producer.name if routing.producer is not None else routing.name
+            held.setdefault(block, ([], [], []))[2].append(node)
+        elif node in inside:
+            if held and inside[node] not in held:
+                flush()
+            held.setdefault(inside[node], ([], [], []))[0 if node.op == "MoEDispatch" else 1].append(node)
+        else:
+            flush()  # the first node past a block's experts
+            order.append(node)
+    flush()
+    return order
 
 
 WEIGHT_CHAIN_OPS = ("DequantizeWeight", "Cast", "Transpose")  # between a stored weight and its reader
