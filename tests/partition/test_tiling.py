@@ -11,7 +11,7 @@ from aviatorc.ir import Graph
 from aviatorc.ir.data import ShapeOnly
 from aviatorc.ir.types import TensorType
 from aviatorc.models import llama_config, param_count
-from aviatorc.partition.tiling import WeightSpec, split_aligned, tile_weight, tile_weights
+from aviatorc.partition.tiling import EXPERT_TILE_BYTES, WeightSpec, split_aligned, tile_weight, tile_weights
 from aviatorc.partition.weights import role_of, weights_from_config, weights_from_graph
 
 FORMATS = [WeightFormat("fp16"), WeightFormat("int8"), WeightFormat("int4", 128), WeightFormat("int4", 32, False),
@@ -53,6 +53,18 @@ def test_tiles_split_further_when_too_big():
     tiles = tile_weights([spec], 64, 64, 2, max_tile_bytes=3 * 2**20)
     assert max(t.storage_bytes for t in tiles) <= 3 * 2**20
     assert sum(t.storage_bytes for t in tiles) == spec.storage_bytes
+
+
+def test_an_expert_is_one_tile_up_to_its_cap_and_strips_past_it():
+    """Experts are placement units (one tile each), but a large one is cut so that, streamed, its
+    strips load from several channels at once."""
+    small = WeightSpec("e0", 0, "linear", 2048, 1536, WeightFormat("int4", 32), expert=0)  # 1.7 MB
+    large = WeightSpec("e1", 0, "linear", 4096, 28672, WeightFormat("int4", 32), expert=1)  # 62 MB
+    tiles = tile_weights([small, large], 128, 128, parts=8, max_tile_bytes=2**30)
+    assert [t.weight for t in tiles].count("e0") == 1
+    strips = [t for t in tiles if t.weight == "e1"]
+    assert len(strips) >= 4 and all(t.storage_bytes <= EXPERT_TILE_BYTES and t.expert == 1 for t in strips)
+    assert sum(t.n for t in strips) == 28672
 
 
 @pytest.mark.parametrize("name", ["llama-3-8b", "llama-3-70b", "dense-120b"])

@@ -14,7 +14,7 @@ from aviatorc import zoo
 from aviatorc.cli import main
 from aviatorc.ir.experts import expert_nodes
 from aviatorc.partition.weights import weights_from_graph
-from aviatorc.plan.ir import Buffer, Compute, Free, Load, Program, Recv, Wait, Workload
+from aviatorc.plan.ir import Buffer, Compute, Free, Load, Program, Recv, Send, Wait, Workload
 from aviatorc.routing import moe_blocks, routing_for
 from aviatorc.schedule import bound_inputs, model_facts, simulate
 from aviatorc.schedule.bound import physical_bound
@@ -201,3 +201,40 @@ def test_the_cli_takes_a_routing_file_and_prints_the_routed_step(config, compile
     assert main(["compile", str(config), "--target", "mock", "--routing", "zipf", "-o", str(tmp_path / "x.avc")]) != 0
     assert "unknown routing 'zipf'" in capsys.readouterr().err
     assert not (tmp_path / "x.avc").exists()
+
+
+def test_a_blocks_home_sends_every_expert_its_input_before_it_waits_on_any(compiled):
+    """Dispatches first, then the experts, then the combines: the experts run side by side."""
+    program, graph = compiled.plan.programs["decode"], compiled.graph
+    inputs = {out.name for n in expert_nodes(graph) if n.op == "MoEDispatch" for out in n.outputs}
+    outputs = {c.input(1).name for c in graph.nodes if c.op == "MoECombine"}
+    checked = 0
+    for stream in program.streams.values():
+        sends = [i for i, ins in enumerate(stream) if isinstance(ins, Send) and ins.value.name in inputs]
+        waits = [i for i, ins in enumerate(stream) if isinstance(ins, Recv) and ins.value.name in outputs]
+        if sends and waits:
+            for layer in (0, 1):  # per block: its last send of an expert's input before its first wait
+                mine = [i for i in sends if f"layers.{layer}." in stream[i].value.name]
+                theirs = [i for i in waits if f"layers.{layer}." in stream[i].value.name]
+                if mine and theirs:
+                    assert max(mine) < min(theirs)
+                    checked += 1
+    assert checked
+
+
+def test_an_expert_on_one_chiplet_runs_there_start_to_end(compiled):
+    """Its activation function computes on its weights' chiplet, not at the layer's home."""
+    program, placement = compiled.plan.programs["decode"], compiled.placement
+    chips: dict[tuple[int, int], set[int]] = {}
+    for t, tile in enumerate(placement.tiles):
+        if tile.expert >= 0:
+            chips.setdefault((tile.layer, tile.expert), set()).add(placement.compute_chiplet[t])
+    where = {ins.node: c for c, stream in program.streams.items() for ins in stream if isinstance(ins, Compute)}
+    facts = model_facts(compiled.graph, placement.tiles)
+    moved = 0
+    for node, ref in expert_nodes(compiled.graph).items():
+        home = chips[(facts.layer_of_node[node.name], ref.expert)]
+        if node.op not in ("MoEDispatch", "MatMul") and len(home) == 1 and node.name in where:
+            assert where[node.name] in home
+            moved += 1
+    assert moved
