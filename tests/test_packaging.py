@@ -40,7 +40,7 @@ LAYERS = [
     {"aviatorc.errors", "aviatorc.progress"},
     {"aviatorc.ir", "aviatorc.target", "aviatorc.formats", "aviatorc.options", "aviatorc.extras"},
     {"aviatorc.passes", "aviatorc.frontends", "aviatorc.quant", "aviatorc.accuracy", "aviatorc.models", "aviatorc.zoo",
-     "aviatorc.workload"},
+     "aviatorc.workload", "aviatorc.routing"},
     {"aviatorc.partition", "aviatorc.schedule", "aviatorc.plan"},
     {"aviatorc.backends", "aviatorc.report", "aviatorc.runtime", "aviatorc.inspect", "aviatorc.exporter"},
     {"aviatorc.compiler", "aviatorc.serve", "aviatorc.cli", "aviatorc.terminal", "aviatorc.__main__", "aviatorc"},
