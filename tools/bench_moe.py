@@ -25,6 +25,7 @@ the page `tools/results/bench_moe.md` is rendered from all of them.
 
     python tools/bench_moe.py                                   # the default cases
     python tools/bench_moe.py --models qwen3-30b-a3b --cards 4 8 --routing uniform zipf:1.2
+    python tools/bench_moe.py --models --add ../other/tools/results/bench_moe.json   # merge, run nothing
 """
 
 from __future__ import annotations
@@ -183,17 +184,23 @@ def page(rows: list[dict], predicted: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--models", nargs="*", default=list(MODELS), choices=MODELS)
     parser.add_argument("--cards", nargs="+", type=int, default=[4, 8])
     parser.add_argument("--routing", nargs="+", default=["uniform", "zipf:1.2"])
     parser.add_argument("--batch", nargs="+", type=int, default=[1])
     parser.add_argument("--quant", default="mxint4")
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--add", type=Path, action="append", default=[], metavar="JSON",
+                        help="also keep the rows of another run's bench_moe.json (a run in another checkout)")
     args = parser.parse_args(argv)
     store = RESULTS / "bench_moe.json"
-    rows = {key(r): r for r in (json.loads(store.read_text()) if store.exists() else [])}
+    rows = {key(r): r for path in [store, *args.add] if path.exists() for r in json.loads(path.read_text())}
     predicted = prediction_table()
     print(predicted, flush=True)
+    if args.add and not args.no_write:  # merged rows are written even when no case runs here
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        store.write_text(json.dumps(sorted(rows.values(), key=key), indent=1) + "\n")
+        (RESULTS / "bench_moe.md").write_text(page(list(rows.values()), predicted))
     for model in sorted(args.models, key=MODELS.index):
         for cards in args.cards:
             for batch in args.batch:
