@@ -632,8 +632,15 @@ def timing_line(session: Any, new_tokens: int) -> str:
     measured_rate = f"{decode_steps / extra['decode_s']:,.1f} tokens/s" if decode_steps and extra["decode_s"] > 0 else "-"
     predicted = (f"predicted for {session.target.name}: time to first token {seconds(prediction.ttft_s)}, "
                  f"decode {prediction.tokens_per_s:,.1f} tokens/s" if prediction else "no prediction in the plan")
-    return (f"timing: measured here ({session.device} device on this machine's CPU): time to first token "
+    line = (f"timing: measured here ({session.device} device on this machine's CPU): time to first token "
             f"{seconds(extra['ttft_s'])}, decode {measured_rate} over {decode_steps} step(s) | {predicted}")
+    decode = session.experts.get("decode")
+    if decode is not None and decode.blocks:
+        line += (f"\nexperts: a decode step ran {decode.ran / decode.blocks:.1f} of {decode.experts / decode.blocks:.0f} "
+                 "a block (only the routed ones compute and load)")
+        if decode.hit_rate is not None:
+            line += f"; pre-gating one block ahead named {decode.hit_rate:.0%} of them"
+    return line
 
 
 def _tokenizer(given: str | None, session: Any, *, needed: bool, why: str, hint: str) -> Any:

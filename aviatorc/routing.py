@@ -105,13 +105,13 @@ class MoEBlock:
 
 def moe_blocks(graph: Graph, weights: Iterable[Any]) -> list[MoEBlock]:
     """The graph's MoE blocks, each with the layer its experts' weights belong to (`weights`:
-    `WeightSpec`s, whose `expert` and `nodes` say which expert each is)."""
+    `WeightSpec`s or tiles, whose `layer` and `nodes` say where each is used)."""
     from aviatorc.ir.experts import expert_nodes
 
     refs = {node.name: ref for node, ref in expert_nodes(graph).items()}
     layer_of: dict[str, int] = {}
     for spec in weights:
-        if spec.expert >= 0 and spec.layer is not None:
+        if spec.layer is not None:
             for name in spec.nodes:
                 if name in refs:
                     layer_of.setdefault(refs[name].block, spec.layer)
@@ -246,44 +246,85 @@ class PredictionHits:
     chance: float  # the same for a guess of top_k experts drawn by the block's measured shares
 
 
+@dataclass(frozen=True)
+class GateHits:
+    """Pre-gating on one block in one run: of the (token, expert) pairs its router chose, those
+    the previous block's hidden state, run through this block's router, named."""
+
+    layer: int
+    hits: int
+    routed: int
+    tokens: int
+    per_expert: np.ndarray  # routed tokens per expert
+
+
+class PreGating:
+    """Pre-gating, as a runtime predicts a block's experts one block ahead: block j's router run
+    on the hidden state that entered block j - 1's router; its top_k experts per token against
+    the ones block j's router then chooses. `needs`: the values `hits` reads (activations, and
+    the router weights where the graph keeps no data for them)."""
+
+    def __init__(self, graph: Graph, blocks: Sequence[MoEBlock]) -> None:
+        from aviatorc.ir.experts import router_matmuls
+
+        by_router = {b.router: b for b in blocks}
+        ordered = [node for node in graph.nodes if node.name in by_router]
+        matmul_of: dict[str, Any] = {}
+        for matmul in router_matmuls(graph):
+            for node in ordered:  # the router whose logits this MatMul computes: the first after it
+                if graph.position(node) > graph.position(matmul) and node.name not in matmul_of:
+                    matmul_of[node.name] = matmul
+                    break
+        # Per block after the first: the hidden state that entered the block before's router, the one
+        # that enters its own, its router, the chain from the logits MatMul to it, the chain's other inputs.
+        self.pairs: list[tuple[MoEBlock, Any, Any, Any, list[Any], list[Any]]] = []
+        for before, node in zip(ordered, ordered[1:], strict=False):
+            own = matmul_of[node.name].input(0)
+            chain = _chain(graph, matmul_of[node.name], node)
+            inside = {out for n in chain for out in n.outputs}
+            outside = list(dict.fromkeys(v for n in chain for v in n.inputs
+                                         if v is not None and v not in inside and v is not own))
+            self.pairs.append((by_router[node.name], matmul_of[before.name].input(0), own, node, chain, outside))
+        self.needs: list[Any] = list(dict.fromkeys(
+            v for _, ahead, _, router, _, outside in self.pairs for v in (ahead, router.outputs[0], *outside)))
+
+    def hits(self, values: Mapping[Any, np.ndarray]) -> list[GateHits]:
+        """Each predicted block's hits on one run's `values` (of `needs`, by Value; an
+        initializer left out is read from its data)."""
+        from aviatorc.ir.interpreter import evaluate_nodes
+
+        found = []
+        for block, ahead, own, router, chain, outside in self.pairs:
+            given = {v: values[v] for v in outside if v in values}
+            given[own] = values[ahead]
+            evaluate_nodes(chain, given)
+            guess = given[router.outputs[0]].reshape(-1, block.experts) != 0
+            actual = values[router.outputs[0]].reshape(-1, block.experts) != 0
+            found.append(GateHits(block.layer, int((guess & actual).sum()), int(actual.sum()), actual.shape[0],
+                                  actual.sum(axis=0)))
+        return found
+
+
 def measure_prediction(graph: Graph, blocks: Sequence[MoEBlock], batches: Sequence[Mapping[str, Any]]
                        ) -> list[PredictionHits]:
-    """Pre-gating, as a runtime could predict a block's experts one block ahead: block j's router
-    run on the hidden state that entered block j - 1's router; its top_k experts per token against
-    the ones block j's router then chooses. Each block after the first, on `batches`."""
-    from aviatorc.ir.experts import router_matmuls
-    from aviatorc.ir.interpreter import evaluate, evaluate_nodes
+    """`PreGating`'s hit rate per block after the first, on `batches` (feed dicts), with the
+    chance of a guess of top_k experts drawn by the block's measured shares."""
+    from aviatorc.ir.interpreter import evaluate
 
-    routers = {b.router for b in blocks}
-    ordered = [node for node in graph.nodes if node.name in routers]
-    matmul_of = {}
-    for matmul in router_matmuls(graph):
-        for node in ordered:  # the router whose logits this MatMul computes: the first after it
-            if graph.position(node) > graph.position(matmul) and node.name not in matmul_of:
-                matmul_of[node.name] = matmul
-                break
-    chains = {node.name: _chain(graph, matmul_of[node.name], node) for node in ordered}
-    wanted = {v.name for chain in chains.values() for n in chain for v in n.inputs if v is not None
-              and v.data is None} | {node.outputs[0].name for node in ordered}
-    hits = {node.name: [0, 0] for node in ordered}
-    chance: dict[str, float] = {}
-    by_router = {b.router: b for b in blocks}
+    gating = PreGating(graph, blocks)
+    wanted = [v for v in gating.needs if v.data is None]
+    totals: dict[int, list[Any]] = {}
     for feeds in batches:
-        kept = evaluate(graph, feeds, keep=sorted(wanted), only_kept=True)
-        for before, node in zip(ordered, ordered[1:], strict=False):
-            chain = chains[node.name]
-            values = {v: kept[v.name] for n in chain for v in n.inputs if v is not None and v.data is None}
-            values[matmul_of[node.name].input(0)] = kept[matmul_of[before.name].input(0).name]
-            evaluate_nodes(chain, values)
-            experts = by_router[node.name].experts
-            guess = values[node.outputs[0]].reshape(-1, experts) != 0
-            actual = kept[node.outputs[0].name].reshape(-1, experts) != 0
-            hits[node.name][0] += int((guess & actual).sum())
-            hits[node.name][1] += int(actual.sum())
-            shares = actual.mean(axis=0)
-            chance[node.name] = float((shares * shares).sum() / max(1e-12, shares.sum()))
-    return [PredictionHits(by_router[node.name].layer, hits[node.name][0] / max(1, hits[node.name][1]),
-                           chance[node.name]) for node in ordered[1:]]
+        kept = evaluate(graph, feeds, keep=sorted({v.name for v in wanted}), only_kept=True)
+        for run in gating.hits({v: kept[v.name] for v in wanted}):
+            total = totals.setdefault(run.layer, [0, 0, 0, 0])
+            for i, figure in enumerate((run.hits, run.routed, run.tokens, run.per_expert)):
+                total[i] = total[i] + figure
+    found = []
+    for layer, (hits, routed, tokens, per_expert) in totals.items():
+        shares = per_expert / max(1, tokens)  # a guess of expert e is right with e's share
+        found.append(PredictionHits(layer, hits / max(1, routed), float((shares * shares).sum() / max(1e-12, shares.sum()))))
+    return found
 
 
 def _chain(graph: Graph, matmul: Any, router: Any) -> list[Any]:

@@ -74,16 +74,30 @@ class RankFailed(RuntimeFault):
 # -- what a run did -------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class BlockRun:
+    """One mixture-of-experts block in one run: the experts that ran (those some token was routed
+    to) and, from the second block on, how well pre-gating named them (`aviatorc.routing.PreGating`:
+    this block's router on the hidden state that entered the block before's)."""
+
+    layer: int
+    experts: int
+    ran: int
+    routed: int  # (token, expert) pairs the router chose
+    predicted: int | None = None  # of those, the pairs pre-gating named; None: not predicted here
+
+
 @dataclass
 class RunCounts:
-    """What one run did: instructions by op, bytes moved, peak SRAM per chiplet, and figures
-    only some backends have (`extra`: the cuda backend's timings under "cuda")."""
+    """What one run did: instructions by op, bytes moved, peak SRAM per chiplet, the MoE blocks'
+    experts, and figures only some backends have (`extra`: the cuda backend's timings under "cuda")."""
 
     instructions: dict[str, int] = field(default_factory=dict)
     bytes_loaded: int = 0
     bytes_sent: int = 0
     peak_sram_bytes: dict[int, int] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    experts: tuple[BlockRun, ...] = ()
 
 
 # -- precedence -----------------------------------------------------------------------------------

@@ -24,6 +24,11 @@ What each instruction does (`aviatorc.plan.ir` defines the plan IR):
   they run, at no extra arithmetic. A later block's missing receive goes unseen when the first
   block already brought the value (the arrays are the whole values, not the blocks' rows).
 - `load` / `wait` / `free`: a staging buffer's life, checked as it runs.
+- A mixture of experts runs as routed: the computations of an expert (`aviatorc.ir.experts`) are
+  gated by its block's routing, and run only when some token of the run is routed to it (decided
+  per run, in a replay too); a skipped expert's combine passes the partial sum on, and its loads
+  are left out of the run's `bytes_loaded`. `RunCounts.experts` says which ran and how well
+  pre-gating named them (`aviatorc.routing.PreGating`, on the run's own values).
 - `store` / `host`: nothing to compute (the session keeps the KV cache and samples).
 
 Rules enforced as it runs, each a `RuntimeFault` naming the stream and step: the staging rules
@@ -58,10 +63,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from aviatorc.backends.contract import Precedence, RunCounts, RuntimeFault, WeightStore
+from aviatorc.backends.contract import BlockRun, Precedence, RunCounts, RuntimeFault, WeightStore
 
 from aviatorc.errors import AviatorError
 from aviatorc.ir import Graph, Node, Value
+from aviatorc.ir.experts import ExpertRef, expert_nodes
 from aviatorc.ir.ops import get_op
 from aviatorc.ir.types import numpy_dtype
 from aviatorc.plan.check import StagingRules, over_capacity
@@ -83,6 +89,7 @@ from aviatorc.plan.ir import (
     block_of,
     format_instr,
 )
+from aviatorc.routing import MoEBlock, PreGating, moe_blocks
 
 __all__ = ["RunCounts", "SimBackend"]
 
@@ -123,6 +130,13 @@ class SimBackend:
         self.attrs = {n.name: self._attrs(n) for n in graph.nodes}
         self.kernels = {n.name: get_op(n.op).kernel for n in graph.nodes}
         self.precedence = Precedence()  # a session shares one across its programs' backends
+        # Mixture of experts: each expert's nodes and weights, to run (and load) only routed experts.
+        self.expert_of: dict[str, ExpertRef] = {n.name: ref for n, ref in expert_nodes(graph).items()}
+        self.expert_of_weight: dict[str, ExpertRef] = {
+            v.name: self.expert_of[n.name] for n in graph.nodes if n.name in self.expert_of
+            for v in n.inputs if v is not None and v.is_initializer}
+        self.blocks: list[MoEBlock] = moe_blocks(graph, weights.tiles) if self.expert_of else []
+        self.gating = PreGating(graph, self.blocks) if len(self.blocks) > 1 else None
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -151,6 +165,8 @@ class SimBackend:
         run.execute()
         slots = run.output_slots()
         if run.tape is None:
+            run.counts.experts, skipped = _Experts(run).count(run.env)
+            run.counts.bytes_loaded -= skipped
             return {name: run.env[slot] for name, slot in slots.items()}, run.counts
         self._replay = _Replay(run, slots, self.weights)
         return self._replay.run(feeds, self.precedence.checkpoint)
@@ -165,6 +181,8 @@ class SimBackend:
 
     def kernel(self, c: int, step: int, node: Node, *ins: np.ndarray | None) -> list[np.ndarray]:
         """A whole node's outputs: its IR kernel on its inputs."""
+        if node.op == "MoECombine" and ins[1] is None:  # its expert did not run: no token was routed to it
+            return [self._partial_sum(node, ins)]
         try:
             outs = self.kernels[node.name](list(ins), dict(self.attrs[node.name]))
         except AviatorError as error:
@@ -173,6 +191,17 @@ class SimBackend:
             raise self.fault(c, step, "kernel", f"node '{node.name}' ({node.op}): {type(error).__name__}: "
                              f"{error}") from error
         return [np.asarray(array) for array in outs]
+
+    @staticmethod
+    def _partial_sum(node: Node, ins: tuple[np.ndarray | None, ...]) -> np.ndarray:
+        """A MoECombine's partial sum passed on (zeros before the first expert that ran)."""
+        if len(ins) > 2 and ins[2] is not None:
+            return ins[2]
+        routing, out = ins[0], node.outputs[0].type
+        assert routing is not None
+        hidden = out.shape[-1]
+        assert isinstance(hidden, int)  # an expert's output width is its weight's
+        return np.zeros((*routing.shape[:-1], hidden), dtype=numpy_dtype(out.dtype))
 
     def lookup(self, c: int, step: int, node: Node, take: Any, buf: str, rows: np.ndarray, first: int, start: int,
                stop: int, ids: np.ndarray) -> np.ndarray:
@@ -214,6 +243,11 @@ class _Run(StreamInterpreter):
         # A replaying backend's run walks the program without computing: the tape is what it records.
         self.tape: list[_Op] | None = [] if backend.replay else None
         self.computed: set[tuple[int, str, Part | None]] = set()  # a node's values are the same in every block
+        # Mixture of experts: each block's routing by value name, the expert the computation being
+        # recorded belongs to (its routing's slot, its index), each expert weight load's bytes.
+        self.routing_slots: dict[str, int] = {}
+        self.gate: tuple[int, int] | None = None
+        self.expert_loads: list[tuple[ExpertRef, int]] = []
 
     def _rule_fault(self, rule: str, message: str, c: int, step: int) -> RuntimeFault:
         return self.b.fault(c, step, rule, message)
@@ -230,7 +264,7 @@ class _Run(StreamInterpreter):
         list of results. On a walk that records the tape, the slots stay empty: the replay fills them."""
         if self.tape is not None:
             out: Any = [self._new(None) for _ in range(many)] if many else self._new(None)
-            self.tape.append((fn, static, slots, out, bool(many)))
+            self.tape.append((fn, static, slots, out, bool(many), self.gate))
             return out
         result = fn(*static, *[self.env[s] for s in slots])
         return [self._new(array) for array in result] if many else self._new(result)
@@ -294,8 +328,13 @@ class _Run(StreamInterpreter):
         return now
 
     def on_load(self, c: int, step: int, ins: Load, now: float) -> float:
-        self.rules.load(c, step, self.rules.buffer(c, step, "load", ins.buf))
+        buffer = self.rules.buffer(c, step, "load", ins.buf)
+        self.rules.load(c, step, buffer)
         self.counts.bytes_loaded += ins.bytes
+        if buffer.tile is not None and 0 <= buffer.tile < len(self.b.weights.tiles):
+            ref = self.b.expert_of_weight.get(self.b.weights.tiles[buffer.tile].weight)
+            if ref is not None:  # a run whose tokens route elsewhere skips it
+                self.expert_loads.append((ref, ins.bytes))
         self.fire(ins.buf, now)
         return now
 
@@ -382,6 +421,17 @@ class _Run(StreamInterpreter):
         return True
 
     def _assemble(self, c: int, step: int, name: str) -> int:
+        """A weight node's value from its parts on this chiplet, gated as its node is."""
+        outer = self.gate
+        self.gate = self._gate(self.b.graph.value(name).producer)
+        try:
+            if self._skipped():
+                return self._new(None)
+            return self._assemble_parts(c, step, name)
+        finally:
+            self.gate = outer
+
+    def _assemble_parts(self, c: int, step: int, name: str) -> int:
         """A weight node's value from its parts on this chiplet: every part the program computes."""
         have = self.chiplets[c].parts[name]
         expected = self.b.parts_of.get(name, set())
@@ -412,6 +462,36 @@ class _Run(StreamInterpreter):
             return
         self.computed.add((c, ins.node, ins.part))
         node = self.b.nodes[ins.node]
+        self.gate = self._gate(node)
+        try:
+            if self._skipped():
+                self._skip(c, node, ins.part)
+            else:
+                self._compute_node(c, step, ins, node, bufs)
+        finally:
+            self.gate = None
+
+    def _gate(self, node: Node | None) -> tuple[int, int] | None:
+        """(the slot of its block's routing, its index) for a node of an expert whose routing this
+        run computed; None for any other node."""
+        ref = self.b.expert_of.get(node.name) if node is not None else None
+        slot = self.routing_slots.get(ref.routing.name) if ref is not None else None
+        return None if ref is None or slot is None else (slot, ref.expert)
+
+    def _skipped(self) -> bool:
+        """A run that computes as it walks: the computation at hand is an expert no token is routed
+        to. (A recording walk records it gated: the replay decides per run.)"""
+        return self.tape is None and self.gate is not None and not _routed(self.env, self.gate)
+
+    def _skip(self, c: int, node: Node, part: Part | None) -> None:
+        state = self.chiplets[c]
+        for value in node.outputs:
+            if part is None:
+                state.values[value.name] = self._new(None)
+            else:
+                state.parts.setdefault(value.name, {})[part] = self._new(None)
+
+    def _compute_node(self, c: int, step: int, ins: Compute, node: Node, bufs: list[Any]) -> None:
         part = ins.part
         if part is not None and part.kind == "kv":
             # The KV chunks stand for reads of the cache (possibly on other chiplets, whose partial
@@ -440,6 +520,8 @@ class _Run(StreamInterpreter):
     def _whole(self, c: int, step: int, node: Node) -> None:
         slots = tuple(self._slot(c, step, v.name) if v is not None else 0 for v in node.inputs)
         outs = self._apply(self.b.kernel, (c, step, node), slots, many=len(node.outputs))
+        if node.op == "MoERouter":
+            self.routing_slots.setdefault(node.outputs[0].name, outs[0])
         values = self.chiplets[c].values
         for value, slot in zip(node.outputs, outs):
             values[value.name] = slot
@@ -515,7 +597,68 @@ class _Run(StreamInterpreter):
         return {name: self.env[slot] for name, slot in self.output_slots().items()}
 
 
-_Op = tuple[Any, tuple[Any, ...], tuple[int, ...], Any, bool]  # fn, static arguments, operand slots, result slot(s), many
+# fn, static arguments, operand slots, result slot(s), many, gate (an expert's: its routing's slot and index)
+_Op = tuple[Any, tuple[Any, ...], tuple[int, ...], Any, bool, "tuple[int, int] | None"]
+
+
+def _routed(env: list[Any], gate: tuple[int, int]) -> bool:
+    """Some token of the run is routed to the gate's expert (its weight in the routing is not 0)."""
+    slot, expert = gate
+    return bool(np.any(env[slot][..., expert]))
+
+
+class _Experts:
+    """What a run's MoE blocks did, read from its slots (so a replay reads its own): the experts
+    that ran, the load bytes of those that did not, and pre-gating's hits (`PreGating`, on the
+    hidden states and routings of the run; its router weights from the weight store)."""
+
+    def __init__(self, run: _Run) -> None:
+        b = run.b
+        self.blocks = [(block, run.routing_slots[name]) for block in b.blocks
+                       if (name := b.nodes[block.router].outputs[0].name) in run.routing_slots]
+        self.loads = [(run.routing_slots[ref.routing.name], ref.expert, size) for ref, size in run.expert_loads
+                      if ref.routing.name in run.routing_slots]
+        self.gating = b.gating
+        self.slots: dict[Value, int] = {}
+        self.arrays: dict[Value, np.ndarray] = {}
+        for value in b.gating.needs if b.gating is not None else ():
+            slot = run.feeds.get(value.name) or next(
+                (state.values[value.name] for state in run.chiplets.values() if value.name in state.values), None)
+            if slot is not None:
+                self.slots[value] = slot
+                continue
+            array = _whole_weight(b.weights, value) if value.is_initializer else None
+            if array is None:  # not in this run (another rank's): no prediction here
+                self.gating = None
+                break
+            self.arrays[value] = array
+
+    def count(self, env: list[Any]) -> tuple[tuple[BlockRun, ...], int]:
+        """The blocks' figures and the bytes of expert loads the run skipped."""
+        predicted: dict[int, int] = {}
+        if self.gating is not None:
+            values = {**self.arrays, **{v: env[slot] for v, slot in self.slots.items()}}
+            predicted = {hits.layer: hits.hits for hits in self.gating.hits(values)}
+        found = []
+        for block, slot in self.blocks:
+            routed = env[slot].reshape(-1, block.experts) != 0
+            found.append(BlockRun(block.layer, block.experts, int(routed.any(axis=0).sum()), int(routed.sum()),
+                                  predicted.get(block.layer)))
+        skipped = sum(size for slot, expert, size in self.loads if not _routed(env, (slot, expert)))
+        return tuple(found), skipped
+
+
+def _whole_weight(weights: WeightStore, value: Value) -> np.ndarray | None:
+    """A weight as the graph's [K, N], from its initializer or its column tiles; None if it has
+    neither (or tiles that split K)."""
+    array = weights.initializer(value.name)
+    if array is not None:
+        return array
+    tiles = sorted((t.cols, i) for i, t in enumerate(weights.tiles) if t.weight == value.name)
+    k = value.type.shape[-2]
+    if not tiles or any(weights.tiles[i].rows != (0, k) for _, i in tiles):
+        return None
+    return weights.columns(tuple((i, 0, n1 - n0) for (n0, n1), i in tiles), numpy_dtype(value.type.dtype))
 
 
 @dataclass(frozen=True)
@@ -540,8 +683,9 @@ class _Replay:
         self.feeds = run.feeds
         self.outputs = outputs
         self.counts = run.counts
+        self.experts = _Experts(run)
         filled = set(run.feeds.values())
-        for _, _, _, out, many in self.ops:
+        for _, _, _, out, many, _ in self.ops:
             filled.update(out if many else (out,))
         self.template: list[Any] = [None if slot in filled else array for slot, array in enumerate(run.env)]
 
@@ -552,7 +696,14 @@ class _Replay:
                 raise RuntimeFault(f"the program reads the graph input '{name}', which the feeds lack",
                                    rule="missing-value", value=name)
             env[slot] = feeds[name]
-        for fn, static, slots, out, many in self.ops:
+        gates: dict[tuple[int, int], bool] = {}
+        for fn, static, slots, out, many, gate in self.ops:
+            if gate is not None:  # an expert's: it runs if some token is routed to it
+                ran = gates.get(gate)
+                if ran is None:
+                    ran = gates[gate] = _routed(env, gate)
+                if not ran:
+                    continue
             checkpoint()
             result = fn(*static, *[env[s] for s in slots])
             if many:
@@ -561,9 +712,10 @@ class _Replay:
             else:
                 env[out] = result
         counts = self.counts
+        experts, skipped = self.experts.count(env)
         return ({name: env[slot] for name, slot in self.outputs.items()},
-                RunCounts(dict(counts.instructions), counts.bytes_loaded, counts.bytes_sent,
-                          dict(counts.peak_sram_bytes), {}))
+                RunCounts(dict(counts.instructions), counts.bytes_loaded - skipped, counts.bytes_sent,
+                          dict(counts.peak_sram_bytes), {}, experts))
 
 
 def _product(w_kn: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -587,25 +739,25 @@ def _read_strips(ops: list[_Op], weights: WeightStore) -> list[_Op]:
     alone, so each result only becomes ready earlier. One wide GEMM reads the weights at a higher
     rate than many narrow ones. The side-by-side matrices are the weight store's, which the
     programs of a session share."""
-    weights.prefetch(static[0].tile for fn, static, _, _, _ in ops if fn is _product)
-    groups: dict[tuple[int, np.dtype, int], list[int]] = {}
-    for i, (fn, static, slots, _, _) in enumerate(ops):
+    weights.prefetch(static[0].tile for fn, static, *_ in ops if fn is _product)
+    groups: dict[tuple[int, np.dtype, int, tuple[int, int] | None], list[int]] = {}
+    for i, (fn, static, slots, _, _, gate) in enumerate(ops):
         if fn is _product:
             strip: _Strip = static[0]
             rows = weights.tiles[strip.tile].rows
-            groups.setdefault((slots[0], strip.dtype, rows[1] - rows[0]), []).append(i)
+            groups.setdefault((slots[0], strip.dtype, rows[1] - rows[0], gate), []).append(i)
     read: dict[int, _Op] = {}
     dropped: set[int] = set()
-    for (_, dtype, _), members in groups.items():
+    for (_, dtype, _, gate), members in groups.items():
         strips: list[_Strip] = [ops[i][1][0] for i in members]
         w_kn = weights.columns(tuple((s.tile, s.a, s.b) for s in strips), dtype)
         first = ops[members[0]]
         if len(members) == 1:
-            read[members[0]] = (_product, (w_kn,), first[2], first[3], False)
+            read[members[0]] = (_product, (w_kn,), first[2], first[3], False, gate)
             continue
         edges = np.cumsum([0] + [s.b - s.a for s in strips]).tolist()
         read[members[0]] = (_products, (w_kn, tuple(zip(edges[:-1], edges[1:]))), first[2],
-                            [ops[i][3] for i in members], True)
+                            [ops[i][3] for i in members], True, gate)
         dropped.update(members[1:])
     return [read.get(i, op) for i, op in enumerate(ops) if i not in dropped]
 

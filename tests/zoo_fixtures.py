@@ -59,3 +59,14 @@ def zoo_onnx(zoo_dir: Path) -> Callable[..., Path]:
         return onnx_model_path(arch, exporter, opset, dynamic, zoo_dir)
 
     return get
+
+
+def transformers_greedy(model, prompt, new_tokens: int):
+    """`model.generate`'s greedy ids (prompt and exactly `new_tokens` more) for a 1-D numpy prompt:
+    the reference the sim runtime's generation is held to."""
+    import torch
+
+    ids = torch.from_numpy(prompt)[None]
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                              min_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)[0].numpy()

@@ -5,6 +5,6 @@ See `aviatorc.runtime.session` and docs/runtime.md. The backends live in `backen
 """
 
 from aviatorc.runtime.errors import NotRunnableError, RankFailed, RuntimeFault, RuntimeInputError
-from aviatorc.runtime.session import RunStats, Session
+from aviatorc.runtime.session import ExpertTally, RunStats, Session
 
-__all__ = ["NotRunnableError", "RankFailed", "RunStats", "RuntimeFault", "RuntimeInputError", "Session"]
+__all__ = ["ExpertTally", "NotRunnableError", "RankFailed", "RunStats", "RuntimeFault", "RuntimeInputError", "Session"]

@@ -42,7 +42,15 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from aviatorc.backends.contract import DEVICES, Backend, Precedence, WeightStore, backend_class, open_cluster
+from aviatorc.backends.contract import (
+    DEVICES,
+    Backend,
+    BlockRun,
+    Precedence,
+    WeightStore,
+    backend_class,
+    open_cluster,
+)
 from aviatorc.errors import OptionError
 from aviatorc.ir import Graph
 from aviatorc.ir.types import format_shape, numpy_dtype
@@ -93,6 +101,36 @@ class RunStats:
     predicted_decode_s: float  # the same of the decode step
     tile_bytes_read: int = 0  # stored tile bytes read from the artifact so far this session
     extra: dict[str, Any] = field(default_factory=dict)
+    experts: tuple[BlockRun, ...] = ()  # a mixture of experts: each block's experts that ran
+
+
+@dataclass
+class ExpertTally:
+    """A phase's MoE blocks over a session's runs: the experts that ran (those some token was
+    routed to; the others' instructions and loads are skipped) and how well pre-gating named
+    the routed ones one block ahead (`aviatorc.routing.PreGating`), as a runtime prefetching
+    by it would have hit."""
+
+    runs: int = 0
+    blocks: int = 0  # blocks over all runs
+    ran: int = 0  # experts that ran, over all blocks and runs
+    experts: int = 0  # experts there were, the same
+    routed: int = 0  # (token, expert) pairs routed in the predicted blocks
+    hits: int = 0  # of those, the pairs pre-gating named
+
+    def add(self, blocks: Sequence[BlockRun]) -> None:
+        self.runs += 1
+        for block in blocks:
+            self.blocks += 1
+            self.ran += block.ran
+            self.experts += block.experts
+            if block.predicted is not None:
+                self.routed += block.routed
+                self.hits += block.predicted
+
+    @property
+    def hit_rate(self) -> float | None:
+        return self.hits / self.routed if self.routed else None
 
 
 class Session:
@@ -143,6 +181,7 @@ class Session:
         self._backend = self._backends[RUN_PHASE]
         self._predicted: dict[str, float] | None = None
         self.stats: RunStats | None = None
+        self.experts: dict[str, ExpertTally] = {}  # by phase, since the session started
         # "int8": each sequence's cache is kept as int8 codes and fp16 scales per head and token, as
         # the plan's prediction counts it (`aviatorc.runtime.kvstore`); else the graph's own arrays.
         self.kv_dtype = self.artifact.plan.memory.kv_dtype
@@ -205,7 +244,10 @@ class Session:
         predicted = self._predictions()
         self.stats = RunStats(phase, wall_s, counts.instructions, counts.bytes_loaded, counts.bytes_sent,
                               counts.peak_sram_bytes, self.target.chiplet.sram_bytes, predicted.get("prefill", 0.0),
-                              predicted.get("decode", 0.0), self.weights.tile_bytes_read, dict(counts.extra))
+                              predicted.get("decode", 0.0), self.weights.tile_bytes_read, dict(counts.extra),
+                              counts.experts)
+        if counts.experts:
+            self.experts.setdefault(phase, ExpertTally()).add(counts.experts)
         return outputs
 
     # -- generation ----------------------------------------------------------------------

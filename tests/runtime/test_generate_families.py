@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 import aviatorc
 from aviatorc import zoo
 from aviatorc.runtime import Session
+from tests.zoo_fixtures import transformers_greedy
 
 NEW_TOKENS = 32
 PROMPT = 8
@@ -42,11 +42,7 @@ def test_greedy_generation_equals_transformers_token_for_token(arch, compiled):
     model, session = compiled(arch)
     prompt = np.random.default_rng(0).integers(3, zoo.VOCAB_SIZE, PROMPT)
     ours = session.generate(prompt, NEW_TOKENS)
-    ids = torch.from_numpy(prompt)[None]
-    with torch.no_grad():
-        want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
-                              min_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0)[0]
-    np.testing.assert_array_equal(ours, want.numpy())
+    np.testing.assert_array_equal(ours, transformers_greedy(model, prompt, NEW_TOKENS))
     assert len(set(ours[PROMPT:].tolist())) > 1  # a sequence, not one token repeated
 
 

@@ -13,12 +13,12 @@ so each expert's projections are ordinary 2-D MatMul weights (one per expert per
 the partitioner tiles, the quantizer quantizes and the scheduler streams on their own, and the
 router's logits come from an ordinary MatMul (its weight kept at FP16 by the quantizer).
 
-What runs densely today: the dispatch passes every token to every expert (an unrouted token's
-weight is 0), so the interpreter, the plan and the sim compute all experts on all tokens, and the
-combine multiplies the unrouted ones by 0: numerically the sparse result (exact zeros added),
-at E / top_k times the sparse FLOPs. The chain of `MoECombine` nodes keeps one partial sum live
-(not E expert outputs), and expert e's subgraph is exactly the nodes between its `MoEDispatch`
-and its `MoECombine`, so a plan can later run only the routed rows of each expert.
+What runs densely: the dispatch passes every token to every expert (an unrouted token's weight
+is 0), so these kernels compute all experts on all tokens, and the combine multiplies the
+unrouted ones by 0: numerically the sparse result (exact zeros added), at E / top_k times the
+sparse FLOPs. The chain of `MoECombine` nodes keeps one partial sum live (not E expert outputs),
+and expert e's subgraph is exactly the nodes between its `MoEDispatch` and its `MoECombine`, so
+the sim runtime skips the experts no token of a run is routed to (`backends/sim.py`).
 
 Routing variants (`MoERouter` attributes), as the released models route:
 
