@@ -31,7 +31,7 @@ from aviatorc.partition.problem import (
     layer_costs,
     resolve_chiplets,
 )
-from aviatorc.partition.tiling import Tile, WeightSpec, tile_weights
+from aviatorc.partition.tiling import Tile, WeightSpec, expert_tile_bytes, tile_weights
 from aviatorc.progress import Stage, stage
 from aviatorc.routing import Routing
 from aviatorc.target import Target
@@ -96,7 +96,8 @@ def make_problem(weights: list[WeightSpec], target: Target, *, batch_tokens: int
     capacity, _ = capacities(target, reserve_bytes, allowed)
     parts = tiles_per_weight or len(allowed)
     tiles = tile_weights(weights, target.matrix_unit_k, target.matrix_unit_n, parts,
-                         max_tile_bytes=max(1, max(capacity) // 2))
+                         max_tile_bytes=max(1, max(capacity) // 2),
+                         expert_bytes=expert_tile_bytes(weights, target.matrix_unit_n))
     # Rows a lookup chooses among: an embedding's k; a tied head's n (its columns are the table's rows).
     vocab_rows = {w.name: w.k if w.is_embedding else w.n for w in weights if w.is_embedding or w.is_tied_head}
     return build_problem(tiles, target, batch_tokens=batch_tokens, vocab_rows=vocab_rows, reserve_bytes=reserve_bytes,

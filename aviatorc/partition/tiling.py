@@ -21,6 +21,7 @@ its rows (a lookup reads one row), in multiples of the matrix unit's k. Bytes ar
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aviatorc.formats import WeightFormat
@@ -151,13 +152,39 @@ def tile_weight(spec: WeightSpec, unit_k: int, unit_n: int, parts: int) -> list[
 
 
 EXPERT_TILE_BYTES = 16 * 2**20  # an expert's weight is one tile up to this size (DeepSeek-V3's are 15.6 MB at 4 bits)
+EXPERT_STRIP_BYTES = 2**20  # the smallest strip an expert's weight is cut into
+EXPERT_TILES_MAX = 32_000  # expert tiles in all, past which strips grow: what the placement solves in minutes
 
 
-def tile_weights(specs: list[WeightSpec], unit_k: int, unit_n: int, parts: int, max_tile_bytes: int) -> list[Tile]:
+def expert_tile_bytes(specs: Sequence[WeightSpec], unit_n: int) -> int:
+    """How large an expert's strips may be. A step loads a streamed expert once its routing is
+    known, so it waits for the channel with the most of the routed experts' strips: the smaller
+    the strips, the more evenly they spread over the channels (Mixtral-8x7B on 4 cards, uniform
+    routing: 22.2 ms a token with 16 MiB strips, 5.5 ms with 2 MiB, 4.1 ms with 1 MiB). Strips
+    start at `EXPERT_STRIP_BYTES` and double until the experts make at most `EXPERT_TILES_MAX`
+    tiles (DeepSeek-V3's 44,544 expert weights stay one tile each)."""
+    sizes = [(s.storage_bytes, s.n) for s in specs if s.expert >= 0 and not s.is_alias]
+    limit = EXPERT_STRIP_BYTES
+    while limit < EXPERT_TILE_BYTES and sum(_strips(b, n, unit_n, limit) for b, n in sizes) > EXPERT_TILES_MAX:
+        limit *= 2
+    return min(limit, EXPERT_TILE_BYTES)
+
+
+def _strips(nbytes: int, n: int, unit_n: int, limit: int) -> int:
+    """About how many strips `tile_weights` cuts a weight of `nbytes` into: halving until under `limit`."""
+    count = 1
+    while -(-nbytes // count) > limit and count < -(-n // unit_n):
+        count *= 2
+    return count
+
+
+def tile_weights(specs: list[WeightSpec], unit_k: int, unit_n: int, parts: int, max_tile_bytes: int,
+                 expert_bytes: int = EXPERT_TILE_BYTES) -> list[Tile]:
     """Tiles of every weight: `parts` per weight, more where a tile would exceed `max_tile_bytes`
     (so it can be packed beside others), in the order of `specs`. An expert's weight starts as
     one tile: experts are the placement units of a mixture of experts (hundreds of them per layer
-    place whole on the chiplets, where `parts` strips each would make DeepSeek-V3 a million tiles)."""
+    place whole on the chiplets, where `parts` strips each would make DeepSeek-V3 a million tiles);
+    it is cut into strips past `expert_bytes` (`expert_tile_bytes`)."""
     tiles: list[Tile] = []
     for spec in specs:
         if spec.is_alias:
@@ -168,7 +195,7 @@ def tile_weights(specs: list[WeightSpec], unit_k: int, unit_n: int, parts: int, 
         unit = unit_k if spec.is_embedding else unit_n
         # A large expert is cut too: streamed, its strips load side by side from several channels
         # once its routing is known (one Mixtral-8x7B expert is 93 MB at 4 bits: 1.5 ms on one channel).
-        largest = min(max_tile_bytes, EXPERT_TILE_BYTES) if spec.expert >= 0 else max_tile_bytes
+        largest = min(max_tile_bytes, expert_bytes) if spec.expert >= 0 else max_tile_bytes
         while max(t.storage_bytes for t in pieces) > largest and count < math.ceil(limit / unit):
             count *= 2
             pieces = tile_weight(spec, unit_k, unit_n, count)

@@ -489,18 +489,21 @@ class _Builder:
 def _with_loads(entries: list[Instruction | _Staged], budget: int) -> list[Instruction]:
     """Insert each staged buffer's `load` (in first-use order, as early as `budget` bytes of staging
     allow; budget 0: just before its first use), `wait` before its first compute and `free` after its last.
-    A routed expert's load is not issued before the first use of that expert is reached."""
+    A routed expert's load is not issued before the stream reaches the first use of an expert of its
+    block: from there the block's routing is known, and every routed expert's loads can go out."""
     staged = [e for e in entries if isinstance(e, _Staged) and e.first]
     out: list[Instruction] = []
     issued = 0  # staged uses whose load is out
     occupancy = 0
-    reached: set[tuple[int, int]] = set()  # routed experts whose routing the stream knows
+    reached: set[int] = set()  # the layers whose routing the stream knows
+
+    def known(use: _Staged) -> bool:
+        return use.expert is None or use.expert[0] in reached
 
     def issue(upto: int) -> None:
         nonlocal issued, occupancy
         while issued < len(staged) and (issued < upto or (
-                occupancy + staged[issued].buffer.bytes <= budget
-                and (staged[issued].expert is None or staged[issued].expert in reached))):
+                occupancy + staged[issued].buffer.bytes <= budget and known(staged[issued]))):
             use = staged[issued]
             out.append(Load(use.buffer.name, use.channel, use.buffer.bytes))
             occupancy += use.buffer.bytes
@@ -513,7 +516,7 @@ def _with_loads(entries: list[Instruction | _Staged], budget: int) -> list[Instr
             out.append(entry)
             continue
         if entry.expert is not None:
-            reached.add(entry.expert)
+            reached.add(entry.expert[0])
         if entry.first:
             position += 1
             issue(position)  # this buffer's own load, whatever the budget says

@@ -44,8 +44,8 @@ class ExpertMembers:
 
         `predicted` (per layer, a mask of experts): a program that prefetches experts ahead of their
         routing loads the predicted ones where it issues them (a predicted expert no token routes to
-        is loaded for nothing) and a routed one the prediction missed on demand; without it, every
-        routed expert is loaded where the program issues it."""
+        is loaded for nothing) and a routed one the prediction missed on demand, once the stream
+        reaches its block; without it, every routed expert is loaded where the program issues it."""
         def share(key: tuple[int, int]) -> float:
             return float(shares[key[0]][key[1]])
 
@@ -55,7 +55,8 @@ class ExpertMembers:
         return Activity({n: share(k) for n, k in self.nodes.items()}, {v: share(k) for v, k in self.values.items()},
                         frozenset(b for b, k in self.buffers.items() if share(k) == 0.0 and not guessed(k)),
                         frozenset(b for b, k in self.buffers.items()
-                                  if predicted is not None and share(k) > 0.0 and not guessed(k)))
+                                  if predicted is not None and share(k) > 0.0 and not guessed(k)),
+                        {b: k[0] for b, k in self.buffers.items()} if predicted is not None else {})
 
 
 def expert_members(graph: Graph, routing: Routing, program: Program, placement: Placement) -> ExpertMembers:

@@ -65,9 +65,11 @@ class Activity:
     compute: Mapping[str, float]
     values: Mapping[str, float]
     skipped_buffers: frozenset[str]
-    # Loads a predictor missed: each starts when its stream reaches the buffer's wait (on demand)
-    # instead of where the program issues it (`routed.predicted_steps`).
+    # Loads a predictor missed: each starts once its stream knows its block's routing (on demand),
+    # instead of where the program issues it (`routed.predicted_steps`): at the stream's first wait
+    # on a buffer of the block (`block_of`: buffer -> its expert's layer), or its own wait.
     deferred_buffers: frozenset[str] = frozenset()
+    block_of: Mapping[str, int] = field(default_factory=dict)
 
 
 NO_ACTIVITY = Activity({}, {}, frozenset())
@@ -123,6 +125,7 @@ class _Simulator(StreamInterpreter):
         super().__init__(program)
         self.target, self.record, self.activity = target, record, activity
         self.deferred: dict[str, Load] = {}  # deferred loads not yet started, by buffer
+        self.routing_known: set[tuple[int, int]] = set()  # (chiplet, layer): its stream has reached the block
         self.channel_free = [0.0] * target.num_channels
         self.channel_tracks = [f"lpddr channel {h}" for h in range(target.num_channels)]
         self.link_free: dict[tuple[int, int], float] = {}
@@ -183,7 +186,8 @@ class _Simulator(StreamInterpreter):
     def on_load(self, c: int, step: int, ins: Load, now: float) -> float:
         if ins.buf in self.activity.skipped_buffers:
             landed = now
-        elif ins.buf in self.activity.deferred_buffers:
+        elif ins.buf in self.activity.deferred_buffers and (c, self.activity.block_of.get(ins.buf)) \
+                not in self.routing_known:
             self.deferred[ins.buf] = ins
             landed = None
         else:
@@ -200,14 +204,23 @@ class _Simulator(StreamInterpreter):
         return now
 
     def on_wait(self, c: int, step: int, ins: Wait, now: float) -> float | None:
+        layer = self.activity.block_of.get(ins.event)
+        if layer is not None and (c, layer) not in self.routing_known:  # the block's routing is known here now
+            self.routing_known.add((c, layer))
+            for buf in [b for b, load in self.deferred.items() if self.activity.block_of.get(b) == layer
+                        and self.program.buffers[b].chiplet == c]:
+                self._on_demand(c, self.deferred.pop(buf), now)
         load = self.deferred.pop(ins.event, None)
         if load is not None:  # a missed prediction: the load starts now, when the stream needs it
-            self.fire(ins.event, self._channel(load.channel, c, load.bytes, now, "load",
-                                               f"{load.buf} -> chiplet {c} (on demand)" if self.record else ""))
+            self._on_demand(c, load, now)
         when = self.await_key(c, ins.event, now)
         if self.record and when is not BLOCKED and when > now:
             self.span(self.tracks[c], "wait", ins.event, now, when)
         return when
+
+    def _on_demand(self, c: int, load: Load, now: float) -> None:
+        self.fire(load.buf, self._channel(load.channel, c, load.bytes, now, "load",
+                                          f"{load.buf} -> chiplet {c} (on demand)" if self.record else ""))
 
     def on_recv(self, c: int, step: int, ins: Recv, now: float) -> float | None:
         when = self.await_key(c, (ins.value, ins.src, c), now)

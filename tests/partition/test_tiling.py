@@ -11,7 +11,16 @@ from aviatorc.ir import Graph
 from aviatorc.ir.data import ShapeOnly
 from aviatorc.ir.types import TensorType
 from aviatorc.models import llama_config, param_count
-from aviatorc.partition.tiling import EXPERT_TILE_BYTES, WeightSpec, split_aligned, tile_weight, tile_weights
+from aviatorc.partition.tiling import (
+    EXPERT_STRIP_BYTES,
+    EXPERT_TILE_BYTES,
+    EXPERT_TILES_MAX,
+    WeightSpec,
+    expert_tile_bytes,
+    split_aligned,
+    tile_weight,
+    tile_weights,
+)
 from aviatorc.partition.weights import role_of, weights_from_config, weights_from_graph
 
 FORMATS = [WeightFormat("fp16"), WeightFormat("int8"), WeightFormat("int4", 128), WeightFormat("int4", 32, False),
@@ -65,6 +74,22 @@ def test_an_expert_is_one_tile_up_to_its_cap_and_strips_past_it():
     strips = [t for t in tiles if t.weight == "e1"]
     assert len(strips) >= 4 and all(t.storage_bytes <= EXPERT_TILE_BYTES and t.expert == 1 for t in strips)
     assert sum(t.n for t in strips) == 28672
+
+
+def test_expert_strips_are_small_within_a_tile_budget():
+    mixtral = [WeightSpec(f"e{e}", 0, "linear", 4096, 14336, WeightFormat("int4", 32), expert=e) for e in range(8)]
+    assert expert_tile_bytes(mixtral, 128) == EXPERT_STRIP_BYTES
+    strips = [t for t in tile_weights(mixtral, 128, 128, 8, 2**30, EXPERT_STRIP_BYTES) if t.weight == "e0"]
+    size = mixtral[0].storage_bytes  # 31 MB: at least 30 strips of 1 MiB, at most twice that (halvings)
+    assert 30 <= len(strips) <= 2 * -(-size // EXPERT_STRIP_BYTES) and sum(t.n for t in strips) == 14336
+    assert all(t.storage_bytes <= EXPERT_STRIP_BYTES for t in strips)
+    # So many experts that 1 MiB strips would pass the tile budget: strips double until they fit it
+    many = [WeightSpec(f"x{e}", 0, "linear", 2048, 2048, WeightFormat("int4", 32), expert=e)
+            for e in range(EXPERT_TILES_MAX // 2)]  # 2.2 MB each: 4 strips of 1 MiB
+    limit = expert_tile_bytes(many, 128)
+    assert limit > EXPERT_STRIP_BYTES
+    assert EXPERT_TILES_MAX // 2 <= len(tile_weights(many, 128, 128, 8, 2**30, limit)) <= EXPERT_TILES_MAX
+    assert len(tile_weights(many, 128, 128, 8, 2**30, limit // 2)) > EXPERT_TILES_MAX  # the smallest that fits
 
 
 @pytest.mark.parametrize("name", ["llama-3-8b", "llama-3-70b", "dense-120b"])
