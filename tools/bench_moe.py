@@ -26,6 +26,7 @@ the page `tools/results/bench_moe.md` is rendered from all of them.
     python tools/bench_moe.py                                   # the default cases
     python tools/bench_moe.py --models qwen3-30b-a3b --cards 4 8 --routing uniform zipf:1.2
     python tools/bench_moe.py --models --add ../other/tools/results/bench_moe.json   # merge, run nothing
+    python tools/bench_moe.py --models mixtral-8x7b --routing uniform --solver greedy cpsat   # both placements
 """
 
 from __future__ import annotations
@@ -46,9 +47,9 @@ _CHILD = """
 import json, sys, time
 start = time.perf_counter()
 import aviatorc
-name, cards, quant, routing, batch = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
+name, cards, quant, routing, batch, solver = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6]
 result = aviatorc.compile(name, target="corsair", cards=cards, quant=quant, routing=routing, batch=batch,
-                          sweep=False, ranges=False)
+                          sweep=False, ranges=False, solver=solver)
 wall = time.perf_counter() - start
 plan, placement = result.plan, result.placement
 p = plan.prediction
@@ -77,7 +78,8 @@ print(json.dumps({
     "experts_resident": sum(all(v) for v in held.values()),
     "expected_resident_share": expected_resident / expected if expected else 0.0,
     "sram_use": sum(t.storage_bytes for t, w in zip(placement.tiles, placement.where) if w < placement.num_chiplets) / sram,
-    "compile_s": wall, "timings": result.timings}))
+    "compile_s": wall, "timings": result.timings, "placement_s": result.report.data["placement"]["objective_s"],
+    "gap_to_bound": result.report.data["placement"]["gap_to_bound"]}))
 """
 
 
@@ -87,21 +89,25 @@ def commit() -> str:
     return out.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
 
 
-def measure(model: str, cards: int, routing: str, batch: int, quant: str) -> dict:
+def measure(model: str, cards: int, routing: str, batch: int, quant: str, solver: str = "greedy") -> dict:
     config = ROOT / "examples" / model / "config.json"
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(config), str(cards), quant, routing, str(batch)],
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(config), str(cards), quant, routing, str(batch), solver],
                           capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"{model} x{cards} {routing} batch {batch}: compile failed:\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"{model} x{cards} {routing} batch {batch} {solver}: compile failed:\n{proc.stderr[-3000:]}")
     row = json.loads(proc.stdout[proc.stdout.rindex('{"mean_s"'):])
-    row.update(model=model, cards=cards, routing=routing, batch=batch, quant=quant,
+    row.update(model=model, cards=cards, routing=routing, batch=batch, quant=quant, solver=solver,
                wall_s=time.perf_counter() - start, commit=commit())
     return row
 
 
 def key(row: dict) -> tuple:
-    return (MODELS.index(row["model"]), row["cards"], row["batch"], row["routing"], row["quant"])
+    return (MODELS.index(row["model"]), row["cards"], row["batch"], row["routing"], row["quant"], solver(row))
+
+
+def solver(row: dict) -> str:
+    return row.get("solver", "greedy")
 
 
 def ms(seconds: float) -> str:
@@ -121,7 +127,7 @@ def table(rows: list[dict]) -> str:
              "| experts a step | resident experts | expected expert bytes resident | SRAM use "
              "| prefetching at hit rate 0.5 / 0.8 / 1 | hit rate needed | compile | commit |",
              "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for r in sorted(rows, key=key):
+    for r in sorted((r for r in rows if solver(r) == "greedy"), key=key):
         ahead = r.get("prefetch") or {}
         lines.append(
             f"| {r['model']} | {r['cards']} | {r['batch']} | {r['routing']} | {ms(r['mean_s'])} | {ms(r['p50_s'])} "
@@ -131,6 +137,25 @@ def table(rows: list[dict]) -> str:
             f"| {' / '.join(ms(ahead[k]) for k in ('0.5', '0.8', '1')) if ahead else '(no expert streams)'} "
             f"| {needed(ahead)} | {r['compile_s']:.0f} s | {r['commit']} |")
     return "\n".join(lines)
+
+
+def solver_table(rows: list[dict]) -> str:
+    """Each case compiled with both placements: the simulated step of each, and the placement
+    objective's gap to its lower bound (`partition/bound.py`)."""
+    greedy = {key(r)[:-1]: r for r in rows if solver(r) == "greedy"}
+    lines = ["| model | cards | routing | greedy: mean step | CP-SAT: mean step | CP-SAT / greedy "
+             "| greedy objective above its bound | CP-SAT objective above its bound | compile greedy / CP-SAT | commit |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in sorted((r for r in rows if solver(r) == "cpsat" and key(r)[:-1] in greedy), key=key):
+        g = greedy[key(r)[:-1]]
+        lines.append(f"| {r['model']} | {r['cards']} | {r['routing']} | {ms(g['mean_s'])} | {ms(r['mean_s'])} "
+                     f"| {r['mean_s'] / g['mean_s']:.3f} | {gap(g)} | {gap(r)} "
+                     f"| {g['compile_s']:.0f} s / {r['compile_s']:.0f} s | {r['commit']} |")
+    return "\n".join(lines) if len(lines) > 2 else "(no case compiled with both)"
+
+
+def gap(row: dict) -> str:
+    return f"{row['gap_to_bound']:.1%}" if "gap_to_bound" in row else "-"
 
 
 def prediction_table() -> str:
@@ -185,6 +210,11 @@ def page(rows: list[dict], predicted: str) -> str:
         "share already in SRAM. Prefetching: the same placement with expert loads issued as early as staging "
         "allows, for the experts a predictor names (\"hit rate needed\": the lowest timed at which the step is "
         "within 10% of a perfect predictor's).\n\n" + table(rows) + "\n\n"
+        "## Greedy against CP-SAT\n\n"
+        "The same cases placed by CP-SAT (`--solver cpsat`: the per-layer model of `partition/cpsat.py` over the "
+        "expected costs, the greedy placement as its hint, kept only where it lowers the placement's objective) "
+        "and simulated the same way. Neither solver sees the routing's variance: both place for the expectation, "
+        "not over sampled routings.\n\n" + solver_table(rows) + "\n\n"
         "## A predictor's hit rate on the models at hand\n\n"
         "Pre-gating: block j's router run on the hidden state that entered block j - 1's router, its top-k experts "
         "per token against those block j then routes to (`aviatorc.routing.PreGating`). \"Runtime\": measured by "
@@ -204,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--routing", nargs="+", default=["uniform", "zipf:1.2"])
     parser.add_argument("--batch", nargs="+", type=int, default=[1])
     parser.add_argument("--quant", default="mxint4")
+    parser.add_argument("--solver", nargs="+", default=["greedy"], choices=["greedy", "cpsat"])
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--add", type=Path, action="append", default=[], metavar="JSON",
                         help="also keep the rows of another run's bench_moe.json (a run in another checkout)")
@@ -219,9 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     for model in sorted(args.models, key=MODELS.index):
         for cards in args.cards:
             for batch in args.batch:
-                for routing in args.routing:
-                    row = measure(model, cards, routing, batch, args.quant)
-                    print(f"{model} x{cards} batch {batch} {routing}: mean {ms(row['mean_s'])}, P99 "
+                for routing, how in [(r, h) for r in args.routing for h in args.solver]:
+                    row = measure(model, cards, routing, batch, args.quant, how)
+                    print(f"{model} x{cards} batch {batch} {routing} {how}: mean {ms(row['mean_s'])}, P99 "
                           f"{ms(row['p99_s'])}, every expert {ms(row['all_experts_s'])}, bound {ms(row['bound_s'])}, "
                           f"{row['expected_resident_share']:.1%} of expected expert bytes resident, "
                           f"compile {row['compile_s']:.0f} s", flush=True)
@@ -231,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                         store.write_text(json.dumps(sorted(rows.values(), key=key), indent=1) + "\n")
                         (RESULTS / "bench_moe.md").write_text(page(list(rows.values()), predicted))
     print(table(list(rows.values())))
+    print(solver_table(list(rows.values())))
     return 0
 
 
