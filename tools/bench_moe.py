@@ -9,7 +9,8 @@ batch=B)` (no sweep, no ranges) and reports, from the plan:
 - TTFT (every expert runs in a prefill, each on its share of the prompt) and its bound;
 - the experts a step reads in expectation, the experts resident, and the share of a step's
   expected expert bytes that are resident (what the hot/cold placement buys);
-- SRAM use (resident weight bytes over the cards' SRAM) and the compile's wall time;
+- SRAM use (resident weight bytes over the cards' SRAM), the compile's wall time and its peak memory (the
+  compiling process's maximum resident set);
 - where experts stream, the same placement prefetching experts ahead of their routing, by a
   predictor's hit rate (a missed expert is loaded on demand, a wrong guess for nothing), and the
   lowest hit rate of those at which the step is within 10% of a perfect predictor's.
@@ -44,7 +45,7 @@ RESULTS = ROOT / "tools" / "results"
 MODELS = ("qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-120b", "deepseek-v3")
 
 _CHILD = """
-import json, sys, time
+import json, resource, sys, time
 start = time.perf_counter()
 import aviatorc
 name, cards, quant, routing, batch, solver = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6]
@@ -79,7 +80,8 @@ print(json.dumps({
     "expected_resident_share": expected_resident / expected if expected else 0.0,
     "sram_use": sum(t.storage_bytes for t, w in zip(placement.tiles, placement.where) if w < placement.num_chiplets) / sram,
     "compile_s": wall, "timings": result.timings, "placement_s": result.report.data["placement"]["objective_s"],
-    "gap_to_bound": result.report.data["placement"]["gap_to_bound"]}))
+    "gap_to_bound": result.report.data["placement"]["gap_to_bound"],
+    "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 """
 
 
@@ -125,8 +127,8 @@ def needed(prefetch: dict[str, float]) -> str:
 def table(rows: list[dict]) -> str:
     lines = ["| model | cards | batch | routing | mean | P50 | P99 | every expert | bound | efficiency | TTFT (bound) "
              "| experts a step | resident experts | expected expert bytes resident | SRAM use "
-             "| prefetching at hit rate 0.5 / 0.8 / 1 | hit rate needed | compile | commit |",
-             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| prefetching at hit rate 0.5 / 0.8 / 1 | hit rate needed | compile | peak memory | commit |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in sorted((r for r in rows if solver(r) == "greedy"), key=key):
         ahead = r.get("prefetch") or {}
         lines.append(
@@ -135,7 +137,7 @@ def table(rows: list[dict]) -> str:
             f"| {ms(r['ttft_s'])} ({ms(r['ttft_bound_s'])}) | {r['experts_per_step']:,.0f} of {r['experts_total']:,} "
             f"| {r['experts_resident']:,} | {r['expected_resident_share']:.1%} | {r['sram_use']:.1%} "
             f"| {' / '.join(ms(ahead[k]) for k in ('0.5', '0.8', '1')) if ahead else '(no expert streams)'} "
-            f"| {needed(ahead)} | {r['compile_s']:.0f} s | {r['commit']} |")
+            f"| {needed(ahead)} | {r['compile_s']:.0f} s | {gib(r)} | {r['commit']} |")
     return "\n".join(lines)
 
 
@@ -152,6 +154,10 @@ def solver_table(rows: list[dict]) -> str:
                      f"| {r['mean_s'] / g['mean_s']:.3f} | {gap(g)} | {gap(r)} "
                      f"| {g['compile_s']:.0f} s / {r['compile_s']:.0f} s | {r['commit']} |")
     return "\n".join(lines) if len(lines) > 2 else "(no case compiled with both)"
+
+
+def gib(row: dict) -> str:
+    return f"{row['peak_rss_bytes'] / 2**30:.1f} GiB" if "peak_rss_bytes" in row else "-"
 
 
 def gap(row: dict) -> str:
