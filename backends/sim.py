@@ -132,9 +132,8 @@ class SimBackend:
         self.precedence = Precedence()  # a session shares one across its programs' backends
         # Mixture of experts: each expert's nodes and weights, to run (and load) only routed experts.
         self.expert_of: dict[str, ExpertRef] = {n.name: ref for n, ref in expert_nodes(graph).items()}
-        self.expert_of_weight: dict[str, ExpertRef] = {
-            v.name: self.expert_of[n.name] for n in graph.nodes if n.name in self.expert_of
-            for v in n.inputs if v is not None and v.is_initializer}
+        self.expert_of_tile: dict[int, ExpertRef] = {  # by the nodes reading it: a quantized weight's too
+            t: self.expert_of[name] for t, tile in enumerate(weights.tiles) for name in tile.nodes if name in self.expert_of}
         self.blocks: list[MoEBlock] = moe_blocks(graph, weights.tiles) if self.expert_of else []
         self.gating = PreGating(graph, self.blocks) if len(self.blocks) > 1 else None
 
@@ -331,10 +330,9 @@ class _Run(StreamInterpreter):
         buffer = self.rules.buffer(c, step, "load", ins.buf)
         self.rules.load(c, step, buffer)
         self.counts.bytes_loaded += ins.bytes
-        if buffer.tile is not None and 0 <= buffer.tile < len(self.b.weights.tiles):
-            ref = self.b.expert_of_weight.get(self.b.weights.tiles[buffer.tile].weight)
-            if ref is not None:  # a run whose tokens route elsewhere skips it
-                self.expert_loads.append((ref, ins.bytes))
+        ref = self.b.expert_of_tile.get(buffer.tile) if buffer.tile is not None else None
+        if ref is not None:  # a run whose tokens route elsewhere skips it
+            self.expert_loads.append((ref, ins.bytes))
         self.fire(ins.buf, now)
         return now
 

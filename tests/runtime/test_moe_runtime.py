@@ -29,11 +29,17 @@ def model():
     return zoo.build_family_model("qwen3_moe")
 
 
+def compiled(model, sram_bytes: int = TIGHT["chiplet.sram_bytes"], **options) -> Session:
+    target = load_target("mock", overrides={**TIGHT, "chiplet.sram_bytes": sram_bytes})
+    art = aviatorc.compile(model, target=target, context=PROMPT + NEW_TOKENS,
+                           prompt=PROMPT, batch=1, routing="zipf:1.5", time_limit_s=1.0, sweep=False, ranges=False,
+                           **options)
+    return Session(art, device="sim")
+
+
 @pytest.fixture(scope="module")
 def session(model):
-    art = aviatorc.compile(model, target=load_target("mock", overrides=TIGHT), context=PROMPT + NEW_TOKENS,
-                           prompt=PROMPT, batch=1, routing="zipf:1.5", time_limit_s=1.0, sweep=False, ranges=False)
-    return Session(art, device="sim")
+    return compiled(model)
 
 
 def gate_inputs(model, ids: np.ndarray) -> list[torch.Tensor]:
@@ -88,7 +94,10 @@ def test_greedy_generation_with_routed_experts_equals_transformers(model, sessio
     assert decode.runs == NEW_TOKENS - 1 and decode.ran == TOP_K * decode.blocks  # one token: top-2 of 8 a block
 
 
-def test_a_decode_step_loads_only_the_experts_its_token_is_routed_to(model, session):
+@pytest.mark.parametrize("quant", [None, "int8"])
+def test_a_decode_step_loads_only_the_experts_its_token_is_routed_to(model, session, quant):
+    """Quantized, an expert's tiles hold its weight's codes (read through a DequantizeWeight)."""
+    session = session if quant is None else compiled(model, 16 * 1024, quant=quant)  # int8: a quarter of the bytes
     others, per_expert = expert_load_bytes(session)
     tokens = np.random.default_rng(1).integers(3, zoo.VOCAB_SIZE, PROMPT + 3)
     session.prefill(0, tokens[:PROMPT])
