@@ -125,7 +125,8 @@ class _Simulator(StreamInterpreter):
         super().__init__(program)
         self.target, self.record, self.activity = target, record, activity
         self.deferred: dict[str, Load] = {}  # deferred loads not yet started, by buffer
-        self.routing_known: set[tuple[int, int]] = set()  # (chiplet, layer): its stream has reached the block
+        self.deferred_in: dict[tuple[int, int | None], list[str]] = {}  # the same by (chiplet, block)
+        self.routing_known: set[tuple[int, int | None]] = set()  # (chiplet, layer): its stream has reached the block
         self.channel_free = [0.0] * target.num_channels
         self.channel_tracks = [f"lpddr channel {h}" for h in range(target.num_channels)]
         self.link_free: dict[tuple[int, int], float] = {}
@@ -189,6 +190,7 @@ class _Simulator(StreamInterpreter):
         elif ins.buf in self.activity.deferred_buffers and (c, self.activity.block_of.get(ins.buf)) \
                 not in self.routing_known:
             self.deferred[ins.buf] = ins
+            self.deferred_in.setdefault((c, self.activity.block_of.get(ins.buf)), []).append(ins.buf)
             landed = None
         else:
             landed = self._channel(ins.channel, c, ins.bytes, now, "load",
@@ -207,9 +209,10 @@ class _Simulator(StreamInterpreter):
         layer = self.activity.block_of.get(ins.event)
         if layer is not None and (c, layer) not in self.routing_known:  # the block's routing is known here now
             self.routing_known.add((c, layer))
-            for buf in [b for b, load in self.deferred.items() if self.activity.block_of.get(b) == layer
-                        and self.program.buffers[b].chiplet == c]:
-                self._on_demand(c, self.deferred.pop(buf), now)
+            for buf in self.deferred_in.pop((c, layer), ()):
+                load = self.deferred.pop(buf, None)
+                if load is not None:
+                    self._on_demand(c, load, now)
         load = self.deferred.pop(ins.event, None)
         if load is not None:  # a missed prediction: the load starts now, when the stream needs it
             self._on_demand(c, load, now)
