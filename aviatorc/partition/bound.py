@@ -9,7 +9,8 @@ the cost splits into two parts bounded apart and added:
    share one), tree(k) the cheapest broadcast tree over k chiplets (packed into the fewest
    packages and cards; valid on any subset of chiplets, since outer links are never cheaper)
    and gather(k) the latencies of the same tree's transfers (collecting the outputs takes one
-   transfer per tree edge; its bytes are left out). The bound takes the minimum over k, up to
+   transfer per tree edge; its bytes are left out), times the chance a step runs the group (an
+   expert's, `Problem.fires_of`). The bound takes the minimum over k, up to
    the group's tile count and the allowed chiplets. Hand-offs between groups cost >= 0.
 
 2. Streaming, per layer max_h stream(h) >= (streamed time) / H over the H cards that may
@@ -123,6 +124,9 @@ def layer_structure_bound(problem: Problem, tiles: list[int]) -> float:
             load = max(whole / k, works[0])
             if len(works) > k:  # two of the k + 1 largest share a chiplet
                 load = max(load, works[k - 1] + works[k])
-            best = min(best, load + tree_min_ps(k, problem, problem.edge_ps[g]) + _gather_min_ps(k, problem))
+            # An expert's collection is charged when it fires (its tree edges already are, in edge_ps);
+            # the cost model rounds that to the picosecond, so half of one is given back.
+            gather = max(0.0, _gather_min_ps(k, problem) * problem.fires_of(g) - 0.5) if k > 1 else 0.0
+            best = min(best, load + tree_min_ps(k, problem, problem.edge_ps[g]) + gather)
         total += best
     return total
