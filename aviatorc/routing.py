@@ -258,6 +258,20 @@ class GateHits:
     per_expert: np.ndarray  # routed tokens per expert
 
 
+@dataclass(frozen=True)
+class _Ahead:
+    """One predicted block: the hidden state that entered the block before's router (`ahead`), the
+    one that enters its own (`own`), its router, the chain from its logits MatMul to the router,
+    and the chain's other inputs."""
+
+    block: MoEBlock
+    ahead: Any
+    own: Any
+    router: Any
+    chain: list[Any]
+    outside: list[Any]
+
+
 class PreGating:
     """Pre-gating, as a runtime predicts a block's experts one block ahead: block j's router run
     on the hidden state that entered block j - 1's router; its top_k experts per token against
@@ -275,18 +289,16 @@ class PreGating:
                 if graph.position(node) > graph.position(matmul) and node.name not in matmul_of:
                     matmul_of[node.name] = matmul
                     break
-        # Per block after the first: the hidden state that entered the block before's router, the one
-        # that enters its own, its router, the chain from the logits MatMul to it, the chain's other inputs.
-        self.pairs: list[tuple[MoEBlock, Any, Any, Any, list[Any], list[Any]]] = []
+        self.blocks: list[_Ahead] = []  # every block after the first
         for before, node in zip(ordered, ordered[1:], strict=False):
             own = matmul_of[node.name].input(0)
             chain = _chain(graph, matmul_of[node.name], node)
             inside = {out for n in chain for out in n.outputs}
             outside = list(dict.fromkeys(v for n in chain for v in n.inputs
                                          if v is not None and v not in inside and v is not own))
-            self.pairs.append((by_router[node.name], matmul_of[before.name].input(0), own, node, chain, outside))
+            self.blocks.append(_Ahead(by_router[node.name], matmul_of[before.name].input(0), own, node, chain, outside))
         self.needs: list[Any] = list(dict.fromkeys(
-            v for _, ahead, _, router, _, outside in self.pairs for v in (ahead, router.outputs[0], *outside)))
+            v for b in self.blocks for v in (b.ahead, b.router.outputs[0], *b.outside)))
 
     def hits(self, values: Mapping[Any, np.ndarray]) -> list[GateHits]:
         """Each predicted block's hits on one run's `values` (of `needs`, by Value; an
@@ -294,13 +306,13 @@ class PreGating:
         from aviatorc.ir.interpreter import evaluate_nodes
 
         found = []
-        for block, ahead, own, router, chain, outside in self.pairs:
-            given = {v: values[v] for v in outside if v in values}
-            given[own] = values[ahead]
-            evaluate_nodes(chain, given)
-            guess = given[router.outputs[0]].reshape(-1, block.experts) != 0
-            actual = values[router.outputs[0]].reshape(-1, block.experts) != 0
-            found.append(GateHits(block.layer, int((guess & actual).sum()), int(actual.sum()), actual.shape[0],
+        for b in self.blocks:
+            given = {v: values[v] for v in b.outside if v in values}
+            given[b.own] = values[b.ahead]
+            evaluate_nodes(b.chain, given)
+            guess = given[b.router.outputs[0]].reshape(-1, b.block.experts) != 0
+            actual = values[b.router.outputs[0]].reshape(-1, b.block.experts) != 0
+            found.append(GateHits(b.block.layer, int((guess & actual).sum()), int(actual.sum()), actual.shape[0],
                                   actual.sum(axis=0)))
         return found
 
@@ -313,17 +325,16 @@ def measure_prediction(graph: Graph, blocks: Sequence[MoEBlock], batches: Sequen
 
     gating = PreGating(graph, blocks)
     wanted = [v for v in gating.needs if v.data is None]
-    totals: dict[int, list[Any]] = {}
+    runs: dict[int, list[GateHits]] = {}
     for feeds in batches:
         kept = evaluate(graph, feeds, keep=sorted({v.name for v in wanted}), only_kept=True)
         for run in gating.hits({v: kept[v.name] for v in wanted}):
-            total = totals.setdefault(run.layer, [0, 0, 0, 0])
-            for i, figure in enumerate((run.hits, run.routed, run.tokens, run.per_expert)):
-                total[i] = total[i] + figure
+            runs.setdefault(run.layer, []).append(run)
     found = []
-    for layer, (hits, routed, tokens, per_expert) in totals.items():
-        shares = per_expert / max(1, tokens)  # a guess of expert e is right with e's share
-        found.append(PredictionHits(layer, hits / max(1, routed), float((shares * shares).sum() / max(1e-12, shares.sum()))))
+    for layer, of_layer in runs.items():
+        shares = np.sum([r.per_expert for r in of_layer], axis=0) / max(1, sum(r.tokens for r in of_layer))
+        chance = float((shares * shares).sum() / max(1e-12, shares.sum()))  # a guess of expert e is right with e's share
+        found.append(PredictionHits(layer, sum(r.hits for r in of_layer) / max(1, sum(r.routed for r in of_layer)), chance))
     return found
 
 
