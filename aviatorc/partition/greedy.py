@@ -144,14 +144,20 @@ def _place_by_group(problem: Problem, tiles: Sequence[int], free_bytes: Sequence
     sizes = [0, *spreads(problem)]
     roots: dict[int, int] = dict(anchors or {})  # placed group -> its root (lowest computing chiplet)
     nearest = _Nearest(problem, [*roots.values(), *sorted(_homes(problem, tiles))])
+    # An expert's candidate blocks beside others are those beside the layer's anchors and homes
+    # (where its input comes from and its output goes): the experts run side by side, so being
+    # beside each other buys nothing, and DeepSeek-V3's 768 expert groups a layer would each try
+    # blocks beside every chiplet the ones before them took.
+    fixed = sorted(nearest.chips)
     for g in order:
         neighbours = [(nb, nb == before.get(g)) for nb in (before.get(g), problem.next_group[g]) if nb in roots]
         best: tuple[tuple[int, int], list[int], list[int], list[int]] | None = None
+        beside = fixed if problem.fires_of(g) < 1.0 else sorted(nearest.chips)
         for size in sizes:
             blocks: list[tuple[range, Sequence[int] | None]] = [(_best_block(free, size), None)] if size else [
                 (range(0), None)] + [(range(0), [h]) for h in sorted({problem.stream_channels[0]} | {
-                    problem.target.channel_of(r) for r in nearest.chips} & set(problem.stream_channels))]
-            for root in sorted(nearest.chips) if size else ():  # beside the groups placed so far
+                    problem.target.channel_of(r) for r in beside} & set(problem.stream_channels))]
+            for root in beside if size else ():  # beside the groups placed so far
                 home = range(root - root % size, root - root % size + size)
                 if (home, None) not in blocks:
                     blocks.append((home, None))
@@ -240,6 +246,9 @@ def _fill(problem: Problem, tiles: Sequence[int], where: list[int], free: list[i
     fit streams from `channels` (default: every channel that may stream), the least loaded first."""
     num_c = problem.num_chiplets
     load = {c: 0 for c in block}
+    # An expert's tiles each on a channel of their own where one is left: when it fires, they load
+    # side by side (`fired_stream_ps`), where the least-loaded channel alone would stack them.
+    spread: dict[tuple[int, int], set[int]] = {}  # (layer, expert) -> the channels streaming its tiles so far
     # Largest work first (LPT); ties by index, so the result is a function of the input only.
     for t in sorted(tiles, key=lambda t: (-problem.work_ps[t], t)):
         nbytes = problem.tile_bytes[t]
@@ -258,6 +267,10 @@ def _fill(problem: Problem, tiles: Sequence[int], where: list[int], free: list[i
             load[c] += problem.work_ps[t]
         else:
             near = {problem.target.channel_of(c) for c in block}
-            h = min(channels or problem.stream_channels, key=lambda h: (stream[h], h not in near, h))
+            tile = problem.tiles[t]
+            taken = spread.setdefault((tile.layer, tile.expert), set()) \
+                if problem.fires_of(problem.group_of[t]) < 1.0 else set()
+            h = min(channels or problem.stream_channels, key=lambda h: (h in taken, stream[h], h not in near, h))
             where[t] = num_c + h
             stream[h] += problem.stream_ps[t]
+            taken.add(h)

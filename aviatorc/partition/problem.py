@@ -467,7 +467,23 @@ def group_cost_ps(problem: Problem, where: Sequence[int], members: Sequence[int]
         slices[compute[t]] = slices.get(compute[t], 0) + problem.out_bytes[t]
     return (max(load.values(), default=0) + tree_ps(set(load), problem.target, problem.edge_ps[g])
             + round(gather_ps(slices, problem.target) * problem.fires_of(g))
-            + (home_trips_ps(problem, g, min(load)) if load else 0))
+            + (home_trips_ps(problem, g, min(load)) if load else 0) + fired_stream_ps(problem, where, members))
+
+
+def fired_stream_ps(problem: Problem, where: Sequence[int], members: Sequence[int]) -> int:
+    """An expert group's own streaming, in expectation: when it fires, its tiles load from their
+    channels side by side, so it waits for its busiest channel (`stream_ps` is already weighted by
+    how often it fires). The layer's channel balance (`layer_costs`) is a maximum of expectations
+    and cannot see this: an expert whose strips share one channel costs it the same as one spread
+    over many, yet loads several times slower when routed. A dense group (which always runs): 0,
+    its streaming is the layer's."""
+    if problem.fires_of(problem.group_of[members[0]]) >= 1.0:
+        return 0
+    channels: dict[int, int] = {}
+    for t in members:
+        if where[t] >= problem.num_chiplets:
+            channels[where[t]] = channels.get(where[t], 0) + problem.stream_ps[t]
+    return max(channels.values(), default=0)
 
 
 def total_cost(problem: Problem, where: Sequence[int], tiles: Sequence[int] | None = None) -> int:

@@ -77,7 +77,8 @@ def schedule(graph: Graph, placement: Placement, weights: Sequence[WeightSpec], 
     routed = None
     with stage(_logger, "simulating decode and prefill"):
         if routing is not None:
-            members = expert_members(graph, routing, programs["decode"], placement)
+            members = expert_members(graph, routing, programs["decode"], placement,
+                                     staging_bytes=memory.staging_bytes if prefetch else 0)
             every = simulate(programs["decode"], target, record=False).makespan_s
             routed, activities["decode"] = routed_steps(programs["decode"], target, members, routing,
                                                         workload.tokens("decode"), all_experts_s=every)
@@ -132,7 +133,7 @@ def _prefetch(graph: Graph, facts: ModelFacts, placement: Placement, target: Tar
     """The decode step of this placement prefetching its streamed experts ahead of their routing,
     by the predictor's hit rate (`routed.predicted_steps`)."""
     ahead = build_program(facts, placement, target, memory, workload, "decode", chiplets=allowed)
-    members = expert_members(graph, routing, ahead, placement)
+    members = expert_members(graph, routing, ahead, placement, staging_bytes=memory.staging_bytes)
     return {f"{rate:g}": predicted_steps(ahead, target, members, routing, workload.tokens("decode"), rate,
                                          samples=PREFETCH_SAMPLES) for rate in PREFETCH_HIT_RATES}
 
@@ -213,7 +214,8 @@ def _sweep_point(facts: ModelFacts, placement: Placement, weights: Sequence[Weig
     program = build_program(facts, placement, target, trial, load, "decode", chiplets=allowed, prefetch=prefetch,
                             routed=routing is not None)
     if routing is not None and graph is not None:
-        members = expert_members(graph, routing, program, placement)
+        members = expert_members(graph, routing, program, placement,
+                                 staging_bytes=trial.staging_bytes if prefetch else 0)
         step = routed_steps(program, target, members, routing, load.tokens("decode"), all_experts_s=0.0,
                             samples=SWEEP_ROUTING_SAMPLES)[0].mean_s
     else:

@@ -207,9 +207,10 @@ def _experts_side_by_side(graph: Graph) -> list[Node]:
     held: dict[str, tuple[list[Node], list[Node], list[Node]]] = {}  # block -> dispatches, experts, combines
 
     def flush() -> None:
-        for parts in held.values():
-            for part in parts:
-                order.extend(part)
+        for dispatches, experts, combines in held.values():
+            order.extend(dispatches)
+            order.extend(_stage_major(experts))
+            order.extend(combines)
         held.clear()
 
     for node in graph.nodes:
@@ -230,6 +231,20 @@ def _experts_side_by_side(graph: Graph) -> list[Node]:
             order.append(node)
     flush()
     return order
+
+
+def _stage_major(experts: list[Node]) -> list[Node]:
+    """A block's expert nodes by their depth inside the block (every expert's first projection,
+    then every expert's activation, then every second projection), each depth in graph order. A
+    chiplet holding strips of several experts then runs (and loads) all its first-projection strips
+    before any second one, which waits on its expert's activation from another chiplet: expert by
+    expert, one routed expert's wait held up the loads of all the others on that stream. Depth
+    order is a topological order (a node is deeper than every node it reads)."""
+    depth: dict[int, int] = {}
+    for node in experts:  # graph order: producers first
+        depth[id(node)] = 1 + max((depth.get(id(v.producer), -1) for v in node.inputs
+                                   if v is not None and v.producer is not None), default=-1)
+    return sorted(experts, key=lambda node: depth[id(node)])  # stable: graph order within a depth
 
 
 WEIGHT_CHAIN_OPS = ("DequantizeWeight", "Cast", "Transpose")  # between a stored weight and its reader

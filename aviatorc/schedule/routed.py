@@ -38,14 +38,17 @@ class ExpertMembers:
     nodes: dict[str, tuple[int, int]]
     values: dict[str, tuple[int, int]]
     buffers: dict[str, tuple[int, int]]
+    staging_bytes: int = 0  # the program's staging budget per chiplet (0: loads where the program issues them)
 
     def activity(self, shares: dict[int, np.ndarray], predicted: dict[int, np.ndarray] | None = None) -> Activity:
         """The step in which expert e of layer L computes `shares[L][e]` of the tokens (0: it is skipped).
 
-        `predicted` (per layer, a mask of experts): a program that prefetches experts ahead of their
-        routing loads the predicted ones where it issues them (a predicted expert no token routes to
-        is loaded for nothing) and a routed one the prediction missed on demand, once the stream
-        reaches its block; without it, every routed expert is loaded where the program issues it."""
+        Without `predicted`, every routed expert is loaded on demand: once its stream knows its
+        block's routing. `predicted` (per layer, a mask of experts): a program that prefetches
+        experts ahead of their routing loads the predicted ones as early as its staging allows (a
+        predicted expert no token routes to is loaded for nothing) and a routed one the prediction
+        missed on demand. Either way the runtime issues the loads of the experts that run, within
+        the staging budget (`Activity`)."""
         def share(key: tuple[int, int]) -> float:
             return float(shares[key[0]][key[1]])
 
@@ -56,12 +59,15 @@ class ExpertMembers:
                         frozenset(b for b, k in self.buffers.items() if share(k) == 0.0 and not guessed(k)),
                         frozenset(b for b, k in self.buffers.items()
                                   if predicted is not None and share(k) > 0.0 and not guessed(k)),
-                        {b: k[0] for b, k in self.buffers.items()} if predicted is not None else {})
+                        {b: k[0] for b, k in self.buffers.items()}, self.staging_bytes,
+                        frozenset(b for b, k in self.buffers.items() if guessed(k)))
 
 
-def expert_members(graph: Graph, routing: Routing, program: Program, placement: Placement) -> ExpertMembers:
+def expert_members(graph: Graph, routing: Routing, program: Program, placement: Placement, *,
+                   staging_bytes: int = 0) -> ExpertMembers:
     """An expert's nodes are its subgraph (`aviatorc.ir.experts`) and its combine; its buffers, its
-    tiles' staged ones. Blocks are matched to the routing's layers by their experts' tiles."""
+    tiles' staged ones. Blocks are matched to the routing's layers by their experts' tiles.
+    `staging_bytes`: the budget the program was built with, which the runtime keeps too."""
     by_block = {block.router: block.layer for block in moe_blocks(graph, placement.tiles)}
     nodes: dict[str, tuple[int, int]] = {}
     for node, ref in expert_nodes(graph).items():
@@ -79,7 +85,7 @@ def expert_members(graph: Graph, routing: Routing, program: Program, placement: 
         tile = placement.tiles[buffer.tile] if buffer.kind == "staging" and buffer.tile is not None else None
         if tile is not None and tile.expert >= 0 and routing.of_layer(tile.layer) is not None:
             buffers[name] = (tile.layer, tile.expert)
-    return ExpertMembers(nodes, values, buffers)
+    return ExpertMembers(nodes, values, buffers, staging_bytes)
 
 
 def routed_steps(program: Program, target: Target, members: ExpertMembers, routing: Routing, tokens: int, *,
@@ -106,7 +112,7 @@ def routed_steps(program: Program, target: Target, members: ExpertMembers, routi
 def prefill_activity(members: ExpertMembers, routing: Routing) -> Activity:
     """A prefill's experts each on their expected share of the tokens (all of them loaded)."""
     activity = members.activity({b.layer: np.asarray(b.shares) for b in routing.blocks})
-    return Activity(activity.compute, activity.values, frozenset())
+    return Activity(activity.compute, activity.values, frozenset())  # every expert, loaded where the program says
 
 
 def predicted_steps(program: Program, target: Target, members: ExpertMembers, routing: Routing, tokens: int,

@@ -60,16 +60,27 @@ from aviatorc.target import LinkLevel, Target
 @dataclass(frozen=True)
 class Activity:
     """What one routed step runs of a program: the share of rows each named node computes and each
-    named value sends (0: skipped; a name not given: 1), and the staged buffers it does not load."""
+    named value sends (0: skipped; a name not given: 1), and the staged buffers it does not load.
+
+    How the step's runtime issues the loads of its routed experts (`block_of`: each routed expert's
+    staged buffer -> its block's layer). A stream knows a block's routing once it has reached a
+    wait on a buffer of that block or a later one. A load in `deferred_buffers` (one a predictor
+    missed) cannot start before that: its `load` instruction, reached earlier, parks it. With
+    `staging_bytes` (the program's staging budget per chiplet), the runtime issues each stream's
+    expert loads itself, in program order, as soon as it may (the block's routing is known, or a
+    predictor named the expert: `prefetched_buffers`) and the load fits the budget beside the
+    stream's other staged loads in flight. A skipped expert occupies none of the budget, so the
+    routed ones go out together instead of one budget's worth of the program at a time (the
+    program's positions assume every expert runs). A load still not out by its own wait starts
+    there, whatever the budget."""
 
     compute: Mapping[str, float]
     values: Mapping[str, float]
     skipped_buffers: frozenset[str]
-    # Loads a predictor missed: each starts once its stream knows its block's routing (on demand),
-    # instead of where the program issues it (`routed.predicted_steps`): at the stream's first wait
-    # on a buffer of the block (`block_of`: buffer -> its expert's layer), or its own wait.
     deferred_buffers: frozenset[str] = frozenset()
     block_of: Mapping[str, int] = field(default_factory=dict)
+    staging_bytes: int = 0
+    prefetched_buffers: frozenset[str] = frozenset()
 
 
 NO_ACTIVITY = Activity({}, {}, frozenset())
@@ -124,9 +135,20 @@ class _Simulator(StreamInterpreter):
     def __init__(self, program: Program, target: Target, record: bool, activity: Activity) -> None:
         super().__init__(program)
         self.target, self.record, self.activity = target, record, activity
-        self.deferred: dict[str, Load] = {}  # deferred loads not yet started, by buffer
-        self.deferred_in: dict[tuple[int, int | None], list[str]] = {}  # the same by (chiplet, block)
-        self.routing_known: set[tuple[int, int | None]] = set()  # (chiplet, layer): its stream has reached the block
+        # The runtime's expert loads (`Activity`): each stream's in program order, the next not yet out,
+        # the blocks it knows the routing of (a rank in block order), and its staged bytes in flight.
+        blocks = {layer: rank for rank, layer in enumerate(sorted(set(activity.block_of.values())))}
+        self.rank = {buf: blocks[layer] for buf, layer in activity.block_of.items()}
+        self.known = dict.fromkeys(self.streams, -1)
+        self.pending = {c: [ins for ins in stream if isinstance(ins, Load) and ins.buf in self.rank
+                            and ins.buf not in activity.skipped_buffers]
+                        for c, stream in self.streams.items()} if activity.staging_bytes else {}
+        self.next_pending = dict.fromkeys(self.streams, 0)
+        self.began: set[str] = set()  # buffers whose load has started
+        self.pulled: set[str] = set()  # expert loads started ahead of their instruction
+        self.parked: dict[str, Load] = {}  # loads reached but not yet allowed to start
+        self.flying: set[str] = set()  # staged buffers loaded (or loading) and not yet freed
+        self.in_flight = dict.fromkeys(self.streams, 0)  # their bytes, per stream
         self.channel_free = [0.0] * target.num_channels
         self.channel_tracks = [f"lpddr channel {h}" for h in range(target.num_channels)]
         self.link_free: dict[tuple[int, int], float] = {}
@@ -185,45 +207,69 @@ class _Simulator(StreamInterpreter):
         return link_done + link.latency_s
 
     def on_load(self, c: int, step: int, ins: Load, now: float) -> float:
+        if ins.buf in self.pulled:
+            self.pulled.discard(ins.buf)
+            return now  # the runtime issued it already (`_pull`)
         if ins.buf in self.activity.skipped_buffers:
-            landed = now
-        elif ins.buf in self.activity.deferred_buffers and (c, self.activity.block_of.get(ins.buf)) \
-                not in self.routing_known:
-            self.deferred[ins.buf] = ins
-            self.deferred_in.setdefault((c, self.activity.block_of.get(ins.buf)), []).append(ins.buf)
-            landed = None
+            self.fire(ins.buf, now)
+        elif ins.buf not in self.activity.deferred_buffers or self._known(c, ins.buf):
+            self._start(c, ins, now)
         else:
-            landed = self._channel(ins.channel, c, ins.bytes, now, "load",
-                                   f"{ins.buf} -> chiplet {c}" if self.record else "")
-        if landed is not None:
-            self.fire(ins.buf, landed)
-        self.held[c] += self.program.buffers[ins.buf].bytes
-        self.samples[c].append((now, self.held[c]))
+            self.parked[ins.buf] = ins
+        self._hold(c, ins.buf, now, +1)
         return now
+
+    def _known(self, c: int, buf: str) -> bool:
+        rank = self.rank.get(buf)
+        return rank is not None and rank <= self.known[c]  # no block given: never (at its own wait)
+
+    def _start(self, c: int, load: Load, now: float) -> None:
+        self.began.add(load.buf)
+        self.flying.add(load.buf)
+        self.in_flight[c] += self.program.buffers[load.buf].bytes
+        on_demand = " (on demand)" if load.buf in self.activity.deferred_buffers else ""
+        self.fire(load.buf, self._channel(load.channel, c, load.bytes, now, "load",
+                                          f"{load.buf} -> chiplet {c}{on_demand}" if self.record else ""))
+
+    def _hold(self, c: int, buf: str, now: float, sign: int) -> None:
+        self.held[c] += sign * self.program.buffers[buf].bytes
+        self.samples[c].append((now, self.held[c]))
+
+    def _pull(self, c: int, now: float) -> None:
+        """Start the stream's next expert loads that may start and fit the staging budget."""
+        pending = self.pending.get(c)
+        if not pending:
+            return
+        i = self.next_pending[c]
+        while i < len(pending):
+            load = pending[i]
+            if load.buf not in self.began:
+                may = load.buf in self.activity.prefetched_buffers or self._known(c, load.buf)
+                if not may or self.in_flight[c] + self.program.buffers[load.buf].bytes > self.activity.staging_bytes:
+                    break
+                if self.parked.pop(load.buf, None) is None:  # ahead of its instruction
+                    self.pulled.add(load.buf)
+                    self._hold(c, load.buf, now, +1)
+                self._start(c, load, now)
+            i += 1
+        self.next_pending[c] = i
 
     def on_store(self, c: int, step: int, ins: Store, now: float) -> float:
         self._channel(ins.channel, c, ins.bytes, now, "store", f"{ins.what} <- chiplet {c}")
         return now
 
     def on_wait(self, c: int, step: int, ins: Wait, now: float) -> float | None:
-        layer = self.activity.block_of.get(ins.event)
-        if layer is not None and (c, layer) not in self.routing_known:  # the block's routing is known here now
-            self.routing_known.add((c, layer))
-            for buf in self.deferred_in.pop((c, layer), ()):
-                load = self.deferred.pop(buf, None)
-                if load is not None:
-                    self._on_demand(c, load, now)
-        load = self.deferred.pop(ins.event, None)
-        if load is not None:  # a missed prediction: the load starts now, when the stream needs it
-            self._on_demand(c, load, now)
+        rank = self.rank.get(ins.event)
+        if rank is not None and rank > self.known[c]:  # the stream knows this block's routing now
+            self.known[c] = rank
+        self._pull(c, now)
+        parked = self.parked.pop(ins.event, None)
+        if parked is not None:  # still not out: it starts now, when the stream needs it
+            self._start(c, parked, now)
         when = self.await_key(c, ins.event, now)
         if self.record and when is not BLOCKED and when > now:
             self.span(self.tracks[c], "wait", ins.event, now, when)
         return when
-
-    def _on_demand(self, c: int, load: Load, now: float) -> None:
-        self.fire(load.buf, self._channel(load.channel, c, load.bytes, now, "load",
-                                          f"{load.buf} -> chiplet {c} (on demand)" if self.record else ""))
 
     def on_recv(self, c: int, step: int, ins: Recv, now: float) -> float | None:
         when = self.await_key(c, (ins.value, ins.src, c), now)
@@ -258,8 +304,11 @@ class _Simulator(StreamInterpreter):
         return now
 
     def on_free(self, c: int, step: int, ins: Free, now: float) -> float:
-        self.held[c] -= self.program.buffers[ins.buf].bytes
-        self.samples[c].append((now, self.held[c]))
+        self._hold(c, ins.buf, now, -1)
+        if ins.buf in self.flying:
+            self.flying.discard(ins.buf)
+            self.in_flight[c] -= self.program.buffers[ins.buf].bytes
+            self._pull(c, now)
         return now
 
     def on_host(self, c: int, step: int, ins: Host, now: float) -> float:
