@@ -157,6 +157,7 @@ def _objective(placement: Placement, weights: list[WeightSpec], target: Target, 
     load: dict[tuple[int, str], dict[int, int]] = defaultdict(lambda: defaultdict(int))
     out: dict[tuple[int, str], dict[int, int]] = defaultdict(lambda: defaultdict(int))
     stream: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    own: dict[tuple[int, str], dict[int, int]] = defaultdict(lambda: defaultdict(int))  # an expert group's channels
     act: dict[tuple[int, str], int] = {}
     fires: dict[tuple[int, str], float] = {}  # an expert's groups: the chance a step runs them (else 1)
     for tile, w, c in zip(placement.tiles, placement.where, placement.compute_chiplet, strict=True):
@@ -185,8 +186,12 @@ def _objective(placement: Placement, weights: list[WeightSpec], target: Target, 
         load[key][c] += work  # resident or staged: it computes on c either way
         out[key][c] += produced
         if w >= num_c:
-            stream[spec.layer][w - num_c] += max(1, _ps(read / target.channel_bytes_per_s))
+            ps = max(1, _ps(read / target.channel_bytes_per_s))
+            stream[spec.layer][w - num_c] += ps
+            if fires.get(key, 1.0) < 1.0:  # an expert's tiles load side by side when it fires
+                own[key][w - num_c] += ps
     total = sum(max(per_channel_ps.values(), default=0) for per_channel_ps in stream.values())
+    total += sum(max(per_channel_ps.values()) for per_channel_ps in own.values())
     keys = sorted(load, key=lambda key: order[key])
     for position, key in enumerate(keys):
         chips = set(load[key])

@@ -401,7 +401,7 @@ def compute_of(problem: Problem, where: Sequence[int], indices: Sequence[int]) -
 class LayerCost:
     layer: int
     compute_ps: int
-    stream_ps: int
+    stream_ps: int  # the busiest channel's expected streaming, plus each expert group's own (`fired_stream_ps`)
     cut_ps: int
     collect_ps: int = 0  # output slices gathered, and handed on to the next group
 
@@ -422,6 +422,7 @@ def layer_costs(problem: Problem, where: Sequence[int], tiles: Sequence[int] | N
     load: dict[int, dict[int, int]] = {}  # group -> chiplet -> ps
     slices: dict[int, dict[int, int]] = {}  # group -> chiplet -> output bytes
     stream: dict[int, dict[int, int]] = {}  # layer -> channel -> ps
+    fired: dict[int, dict[int, int]] = {}  # expert group -> channel -> ps (`fired_stream_ps`)
     layer_groups: dict[int, set[int]] = {}
     for t in indices:
         w = where[t]
@@ -438,6 +439,9 @@ def layer_costs(problem: Problem, where: Sequence[int], tiles: Sequence[int] | N
         if w >= num_c:
             channels = stream.setdefault(layer, {})
             channels[w - num_c] = channels.get(w - num_c, 0) + problem.stream_ps[t]
+            if problem.fires_of(g) < 1.0:
+                own = fired.setdefault(g, {})
+                own[w] = own.get(w, 0) + problem.stream_ps[t]
     result = []
     for layer in sorted(layer_groups):
         groups = layer_groups[layer]
@@ -449,7 +453,8 @@ def layer_costs(problem: Problem, where: Sequence[int], tiles: Sequence[int] | N
             after = problem.next_group[g]
             if after >= 0 and after in load:
                 collect += next_handoff_ps(problem, g, min(load[g]), after, min(load[after]))
-        result.append(LayerCost(layer, compute_ps, max(stream.get(layer, {0: 0}).values()), cut, collect))
+        own = sum(max(fired[g].values()) for g in groups if g in fired)
+        result.append(LayerCost(layer, compute_ps, max(stream.get(layer, {0: 0}).values()) + own, cut, collect))
     return result
 
 

@@ -276,3 +276,29 @@ def test_the_bound_charges_an_experts_collection_only_when_it_fires():
     where = [t % len(problem.chiplets) for t in range(len(problem.tiles))]  # every expert over every chiplet
     # capacities are dropped in the bound's compute part, so it holds for this over-full placement too
     assert lower_bound(problem).compute_ps <= total_cost(problem, where)
+
+
+def test_a_rarely_routed_experts_strips_stream_from_channels_of_their_own():
+    """Channel 0 streams nothing yet, the other three much more: by expected bytes alone every
+    strip of an expert that one step in twenty runs goes to channel 0 (the layer's balance barely
+    moves), and when it fires they load one after another. Each goes to a channel of its own, and
+    the cost charges stacking them: the expert's busiest channel, at its chance of running."""
+    from aviatorc.partition.greedy import _fill
+    from aviatorc.partition.problem import fired_stream_ps, group_cost_ps
+    from aviatorc.routing import BlockRouting, Routing
+
+    target = load_target("mock", overrides={"card.lpddr_attach": "chiplet"})
+    weights = [WeightSpec(f"e{e}", 0, "linear", 1024, 1024, WeightFormat("int8"), input=f"x{e}", expert=e)
+               for e in range(2)]
+    problem = make_problem(weights, target, tiles_per_weight=4,
+                           routing=Routing("test", (BlockRouting(0, 1, (0.05, 0.95)),)))
+    strips = [t for t, tile in enumerate(problem.tiles) if tile.expert == 0]
+    assert len(strips) >= 3 and problem.fires_of(problem.group_of[strips[0]]) == pytest.approx(0.05)
+    num_c = problem.num_chiplets
+    where = [-1] * len(problem.tiles)
+    busy = 100 * sum(problem.stream_ps[t] for t in strips)
+    _fill(problem, strips, where, [0] * num_c, [0, busy, busy, busy], range(0))
+    assert len({where[t] for t in strips}) == min(len(strips), len(problem.stream_channels))
+    stacked = [num_c if t in strips else -1 for t in range(len(problem.tiles))]
+    assert fired_stream_ps(problem, stacked, strips) == sum(problem.stream_ps[t] for t in strips)
+    assert group_cost_ps(problem, stacked, strips) > group_cost_ps(problem, where, strips)

@@ -317,6 +317,14 @@ def test_streamed_experts_cut_in_strips_load_from_every_channel(tmp_path, monkey
     assert all(len([t for t in strips if t.role == role]) > 8 for role in ("gate_up_proj", "down_proj"))
     assert all(t.storage_bytes <= EXPERT_STRIP_BYTES for t in strips)
     assert len([t for t in whole.placement.tiles if t.expert == 0 and t.layer == 0]) <= 3
+    # each streamed expert on as many channels as it has strips (up to all 8): the least-loaded
+    # channel alone would stack a routed expert's strips on the few channels streaming least so far
+    channels: dict[tuple[int, int], list[int]] = {}
+    num_c = cut.placement.num_chiplets
+    for tile, w in zip(cut.placement.tiles, cut.placement.where, strict=True):
+        if tile.expert >= 0 and w >= num_c:
+            channels.setdefault((tile.layer, tile.expert), []).append(w - num_c)
+    assert channels and all(len(set(hs)) == min(len(hs), 8) for hs in channels.values())
     # the same bound (the same bytes and FLOPs), a step at least 2x faster
     assert cut.plan.prediction.bound.token_s == pytest.approx(whole.plan.prediction.bound.token_s,
                                                                       rel=1e-3)
