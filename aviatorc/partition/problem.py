@@ -440,8 +440,8 @@ def layer_costs(problem: Problem, where: Sequence[int], tiles: Sequence[int] | N
             channels = stream.setdefault(layer, {})
             channels[w - num_c] = channels.get(w - num_c, 0) + problem.stream_ps[t]
             if problem.fires_of(g) < 1.0:
-                own = fired.setdefault(g, {})
-                own[w] = own.get(w, 0) + problem.stream_ps[t]
+                per_channel = fired.setdefault(g, {})
+                per_channel[w] = per_channel.get(w, 0) + problem.stream_ps[t]
     result = []
     for layer in sorted(layer_groups):
         groups = layer_groups[layer]
