@@ -127,7 +127,8 @@ class Placement:
             ],
             "layers": [
                 {"layer": lc.layer, "resident_tiles": r, "streamed_tiles": s, "compute_ps": lc.compute_ps,
-                 "stream_ps": lc.stream_ps, "cut_ps": lc.cut_ps, "collect_ps": lc.collect_ps}
+                 "stream_ps": lc.stream_ps, "cut_ps": lc.cut_ps, "collect_ps": lc.collect_ps,
+                 "fired_stream_ps": lc.fired_ps}
                 for lc, (r, s) in zip(self.layer_costs, self.tiles_per_layer().values(), strict=True)
             ],
             "cut_bytes_per_step": dict(self.cut_bytes_by_level),

@@ -401,13 +401,14 @@ def compute_of(problem: Problem, where: Sequence[int], indices: Sequence[int]) -
 class LayerCost:
     layer: int
     compute_ps: int
-    stream_ps: int  # the busiest channel's expected streaming, plus each expert group's own (`fired_stream_ps`)
+    stream_ps: int  # the busiest channel's expected streaming
     cut_ps: int
     collect_ps: int = 0  # output slices gathered, and handed on to the next group
+    fired_ps: int = 0  # each expert group's own busiest channel, at its chance of firing (`fired_stream_ps`)
 
     @property
     def total_ps(self) -> int:
-        return self.compute_ps + self.stream_ps + self.cut_ps + self.collect_ps
+        return self.compute_ps + self.stream_ps + self.cut_ps + self.collect_ps + self.fired_ps
 
 
 def layer_costs(problem: Problem, where: Sequence[int], tiles: Sequence[int] | None = None,
@@ -422,7 +423,7 @@ def layer_costs(problem: Problem, where: Sequence[int], tiles: Sequence[int] | N
     load: dict[int, dict[int, int]] = {}  # group -> chiplet -> ps
     slices: dict[int, dict[int, int]] = {}  # group -> chiplet -> output bytes
     stream: dict[int, dict[int, int]] = {}  # layer -> channel -> ps
-    fired: dict[int, dict[int, int]] = {}  # expert group -> channel -> ps (`fired_stream_ps`)
+    fired: dict[int, dict[int, int]] = {}  # expert group -> where (a channel's index past the chiplets) -> ps
     layer_groups: dict[int, set[int]] = {}
     for t in indices:
         w = where[t]
@@ -454,13 +455,14 @@ def layer_costs(problem: Problem, where: Sequence[int], tiles: Sequence[int] | N
             if after >= 0 and after in load:
                 collect += next_handoff_ps(problem, g, min(load[g]), after, min(load[after]))
         own = sum(max(fired[g].values()) for g in groups if g in fired)
-        result.append(LayerCost(layer, compute_ps, max(stream.get(layer, {0: 0}).values()) + own, cut, collect))
+        result.append(LayerCost(layer, compute_ps, max(stream.get(layer, {0: 0}).values()), cut, collect, own))
     return result
 
 
 def group_cost_ps(problem: Problem, where: Sequence[int], members: Sequence[int]) -> int:
-    """One group's compute, broadcast, gather and trips to its home (no streaming, no hand-off to
-    another group): the greedy's yardstick."""
+    """One group's compute, broadcast, gather, trips to its home and, for an expert, its own busiest
+    channel (not the layer's channel balance, nor the hand-off to another group): the greedy's
+    yardstick."""
     compute = compute_of(problem, where, members)
     load: dict[int, int] = {}
     slices: dict[int, int] = {}

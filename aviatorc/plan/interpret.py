@@ -13,7 +13,7 @@ now)`, returning the stream's clock after it (untimed consumers keep every clock
   (ties: the lower chiplet), and runs until it blocks or ends;
 - an instruction that claims a shared resource (`Instruction.claims`: a channel, a link, the
   host) waits while another stream stands at an earlier clock, so shared resources are claimed
-  in time order;
+  in time order (a subclass may add kinds for its run: `claims_also`);
 - events: a hook fires a key (`fire`: a load's buffer, a signal's event, a sent value) at a
   time; a blocking hook asks `await_event` / `await_transfer`, which give the time it fired, or
   park the stream until it does;
@@ -49,6 +49,7 @@ class StreamInterpreter:
         self._hooks: dict[type[Instruction], Callable[[int, int, Any, float], float | None]] = {
             cls: getattr(self, f"on_{op}") for op, cls in INSTRUCTIONS.items()}
         self.end_s = 0.0  # the latest clock a stream ended at
+        self.claims_also: tuple[type[Instruction], ...] = ()  # kinds that claim a resource in this run too
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -77,7 +78,7 @@ class StreamInterpreter:
         self._parked.pop(c, None)
         while pc < len(stream):
             ins = stream[pc]
-            if ins.claims and queue and queue[0][0] < now:
+            if (ins.claims or isinstance(ins, self.claims_also)) and queue and queue[0][0] < now:
                 self.pc[c] = pc
                 heapq.heappush(queue, (now, c))  # let the streams behind this clock go first
                 return None

@@ -20,9 +20,9 @@ is the one loop that walks the streams for all of them):
   staging buffer BUF on this stream's chiplet (across the link between them when H attaches to
   another chiplet). BUF counts against SRAM from the moment the load is issued; event BUF fires
   when the copy lands. In a mixture of experts' step, the loads of experts its routing skips are
-  not made, and the runtime may issue a routed expert's load before its instruction: once its
-  stream knows the block's routing, in program order, within the staging the program was built
-  with (`aviatorc.schedule.simulate.Activity`).
+  not made, and the runtime may issue the others before their instruction: in program order,
+  within the staging the program was built with, a routed expert's once its stream knows the
+  block's routing (or a predictor named it) (`aviatorc.schedule.simulate.Activity`).
 - `wait EVENT`: block until EVENT fired (a load of this stream, or a `signal` of another).
 - `signal EVENT`: fire EVENT now.
 - `compute node=N bufs=... flops=F bytes=B vector_bytes=V kind=K part=P layer_latency=L`: run graph

@@ -38,7 +38,7 @@ class ExpertMembers:
     nodes: dict[str, tuple[int, int]]
     values: dict[str, tuple[int, int]]
     buffers: dict[str, tuple[int, int]]
-    staging_bytes: int = 0  # the program's staging budget per chiplet (0: loads where the program issues them)
+    staging_bytes: int  # the program's staging budget per chiplet (0: loads where the program issues them)
 
     def activity(self, shares: dict[int, np.ndarray], predicted: dict[int, np.ndarray] | None = None) -> Activity:
         """The step in which expert e of layer L computes `shares[L][e]` of the tokens (0: it is skipped).
@@ -64,7 +64,7 @@ class ExpertMembers:
 
 
 def expert_members(graph: Graph, routing: Routing, program: Program, placement: Placement, *,
-                   staging_bytes: int = 0) -> ExpertMembers:
+                   staging_bytes: int) -> ExpertMembers:
     """An expert's nodes are its subgraph (`aviatorc.ir.experts`) and its combine; its buffers, its
     tiles' staged ones. Blocks are matched to the routing's layers by their experts' tiles.
     `staging_bytes`: the budget the program was built with, which the runtime keeps too."""

@@ -135,20 +135,23 @@ class _Simulator(StreamInterpreter):
     def __init__(self, program: Program, target: Target, record: bool, activity: Activity) -> None:
         super().__init__(program)
         self.target, self.record, self.activity = target, record, activity
-        # The runtime's expert loads (`Activity`): each stream's in program order, the next not yet out,
-        # the blocks it knows the routing of (a rank in block order), and its staged bytes in flight.
+        # The runtime's loads (`Activity`): the blocks each stream knows the routing of (the highest
+        # rank, in block order), and with a staging budget each stream's loads in program order (the
+        # next one not yet out) and the staged buffers it holds, loaded or loading, not yet freed.
         blocks = {layer: rank for rank, layer in enumerate(sorted(set(activity.block_of.values())))}
         self.rank = {buf: blocks[layer] for buf, layer in activity.block_of.items()}
-        self.known = dict.fromkeys(self.streams, -1)
-        self.pending = {c: [ins for ins in stream if isinstance(ins, Load) and ins.buf in self.rank
-                            and ins.buf not in activity.skipped_buffers]
+        self.known_rank = dict.fromkeys(self.streams, -1)
+        self.pending = {c: [ins for ins in stream if isinstance(ins, Load) and ins.buf not in activity.skipped_buffers]
                         for c, stream in self.streams.items()} if activity.staging_bytes else {}
         self.next_pending = dict.fromkeys(self.streams, 0)
-        self.began: set[str] = set()  # buffers whose load has started
-        self.pulled: set[str] = set()  # expert loads started ahead of their instruction
-        self.parked: dict[str, Load] = {}  # loads reached but not yet allowed to start
-        self.flying: set[str] = set()  # staged buffers loaded (or loading) and not yet freed
-        self.in_flight = dict.fromkeys(self.streams, 0)  # their bytes, per stream
+        self.began: set[int] = set()  # loads (by instruction) that have started
+        self.pulled: set[int] = set()  # the same, started ahead of their instruction
+        self.parked: dict[str, Load] = {}  # loads reached but not yet allowed to start, by buffer
+        self.live: set[str] = set()  # staged buffers held: loaded or loading, not yet freed
+        self.live_bytes = dict.fromkeys(self.streams, 0)  # their bytes, per stream
+        # A pull starts loads at a wait or a free: let the streams behind this clock claim their
+        # channels first, as a load instruction does.
+        self.claims_also = (Wait, Free) if activity.staging_bytes else ()
         self.channel_free = [0.0] * target.num_channels
         self.channel_tracks = [f"lpddr channel {h}" for h in range(target.num_channels)]
         self.link_free: dict[tuple[int, int], float] = {}
@@ -207,49 +210,48 @@ class _Simulator(StreamInterpreter):
         return link_done + link.latency_s
 
     def on_load(self, c: int, step: int, ins: Load, now: float) -> float:
-        if ins.buf in self.pulled:
-            self.pulled.discard(ins.buf)
+        if id(ins) in self.pulled:
             return now  # the runtime issued it already (`_pull`)
         if ins.buf in self.activity.skipped_buffers:
-            self.fire(ins.buf, now)
+            self.fire(ins.buf, now)  # not loaded: it holds no SRAM
         elif ins.buf not in self.activity.deferred_buffers or self._known(c, ins.buf):
             self._start(c, ins, now)
         else:
             self.parked[ins.buf] = ins
-        self._hold(c, ins.buf, now, +1)
         return now
 
     def _known(self, c: int, buf: str) -> bool:
         rank = self.rank.get(buf)
-        return rank is not None and rank <= self.known[c]  # no block given: never (at its own wait)
+        return rank is not None and rank <= self.known_rank[c]  # no block given: never (at its own wait)
 
     def _start(self, c: int, load: Load, now: float) -> None:
-        self.began.add(load.buf)
-        self.flying.add(load.buf)
-        self.in_flight[c] += self.program.buffers[load.buf].bytes
+        self.began.add(id(load))
+        self.live.add(load.buf)
+        nbytes = self.program.buffers[load.buf].bytes
+        self.live_bytes[c] += nbytes
+        self.held[c] += nbytes
+        self.samples[c].append((now, self.held[c]))
         on_demand = " (on demand)" if load.buf in self.activity.deferred_buffers else ""
         self.fire(load.buf, self._channel(load.channel, c, load.bytes, now, "load",
                                           f"{load.buf} -> chiplet {c}{on_demand}" if self.record else ""))
 
-    def _hold(self, c: int, buf: str, now: float, sign: int) -> None:
-        self.held[c] += sign * self.program.buffers[buf].bytes
-        self.samples[c].append((now, self.held[c]))
-
     def _pull(self, c: int, now: float) -> None:
-        """Start the stream's next expert loads that may start and fit the staging budget."""
+        """Start the stream's next loads, in program order, while each may start (an expert's once
+        its block's routing is known or a predictor named it) and fits the staging budget."""
         pending = self.pending.get(c)
         if not pending:
             return
         i = self.next_pending[c]
         while i < len(pending):
             load = pending[i]
-            if load.buf not in self.began:
-                may = load.buf in self.activity.prefetched_buffers or self._known(c, load.buf)
-                if not may or self.in_flight[c] + self.program.buffers[load.buf].bytes > self.activity.staging_bytes:
+            if id(load) not in self.began:
+                may = load.buf not in self.rank or load.buf in self.activity.prefetched_buffers \
+                    or self._known(c, load.buf)
+                nbytes = self.program.buffers[load.buf].bytes
+                if not may or self.live_bytes[c] + nbytes > self.activity.staging_bytes:
                     break
-                if self.parked.pop(load.buf, None) is None:  # ahead of its instruction
-                    self.pulled.add(load.buf)
-                    self._hold(c, load.buf, now, +1)
+                if self.parked.pop(load.buf, None) is None:
+                    self.pulled.add(id(load))  # ahead of its instruction
                 self._start(c, load, now)
             i += 1
         self.next_pending[c] = i
@@ -260,8 +262,8 @@ class _Simulator(StreamInterpreter):
 
     def on_wait(self, c: int, step: int, ins: Wait, now: float) -> float | None:
         rank = self.rank.get(ins.event)
-        if rank is not None and rank > self.known[c]:  # the stream knows this block's routing now
-            self.known[c] = rank
+        if rank is not None and rank > self.known_rank[c]:  # the stream knows this block's routing now
+            self.known_rank[c] = rank
         self._pull(c, now)
         parked = self.parked.pop(ins.event, None)
         if parked is not None:  # still not out: it starts now, when the stream needs it
@@ -304,10 +306,12 @@ class _Simulator(StreamInterpreter):
         return now
 
     def on_free(self, c: int, step: int, ins: Free, now: float) -> float:
-        self._hold(c, ins.buf, now, -1)
-        if ins.buf in self.flying:
-            self.flying.discard(ins.buf)
-            self.in_flight[c] -= self.program.buffers[ins.buf].bytes
+        if ins.buf in self.live:  # a skipped expert's buffer was never held
+            self.live.discard(ins.buf)
+            nbytes = self.program.buffers[ins.buf].bytes
+            self.live_bytes[c] -= nbytes
+            self.held[c] -= nbytes
+            self.samples[c].append((now, self.held[c]))
             self._pull(c, now)
         return now
 
