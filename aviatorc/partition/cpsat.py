@@ -6,8 +6,9 @@ chiplet per group, busiest card's stream, broadcast trees). It leaves out what t
 tiles compute on their compute chiplets and the output collection (both need the compute
 chiplets, a choice made after the assignment; the collection's transfers are approximated on
 the broadcast tree's edges, a mean tile's output slice each), the hand-offs and the trips to
-each layer's home (they depend on a group's lowest chiplet): the caller re-costs every solution
-with `total_cost` and keeps it only when it beats the greedy layer. The greedy assignment is given
+each layer's home (they depend on a group's lowest chiplet), and an expert group's own busiest
+channel (`problem.fired_stream_ps`): the caller re-costs every solution with `total_cost` and keeps
+it only when it beats the greedy layer. The greedy assignment is given
 as a complete hint; when CP-SAT returns no solution in its time, the caller keeps the greedy one.
 
 Determinism: a fixed seed, a deterministic time limit (work units, not wall seconds) and

@@ -483,7 +483,10 @@ def fired_stream_ps(problem: Problem, where: Sequence[int], members: Sequence[in
     how often it fires). The layer's channel balance (`layer_costs`) is a maximum of expectations
     and cannot see this: an expert whose strips share one channel costs it the same as one spread
     over many, yet loads several times slower when routed. A dense group (which always runs): 0,
-    its streaming is the layer's."""
+    its streaming is the layer's. Summed over a layer's experts (`layer_costs`) it is an upper
+    estimate: it charges them as if they loaded one after another, where routed experts on
+    different channels load side by side (the expected maximum over channels lies between the
+    two terms; sampling routings, as `schedule.routed` does, would measure it)."""
     if problem.fires_of(problem.group_of[members[0]]) >= 1.0:
         return 0
     channels: dict[int, int] = {}
