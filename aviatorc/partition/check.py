@@ -190,8 +190,13 @@ def _objective(placement: Placement, weights: list[WeightSpec], target: Target, 
             stream[spec.layer][w - num_c] += ps
             if fires.get(key, 1.0) < 1.0:  # an expert's tiles load side by side when it fires
                 own[key][w - num_c] += ps
-    total = sum(max(per_channel_ps.values(), default=0) for per_channel_ps in stream.values())
-    total += sum(max(per_channel_ps.values()) for per_channel_ps in own.values())
+    # Per layer, the busiest channel's expected streaming, or an expert group's own busiest channel
+    # at its chance of firing where that is more: each is a lower bound on the expected maximum.
+    experts: dict[int, int] = defaultdict(int)  # layer -> its experts' largest own busiest channel
+    for (layer, _), per_channel_ps in own.items():
+        experts[layer] = max(experts[layer], max(per_channel_ps.values()))
+    total = sum(max(max(per_channel_ps.values(), default=0), experts[layer])
+                for layer, per_channel_ps in stream.items())
     keys = sorted(load, key=lambda key: order[key])
     for position, key in enumerate(keys):
         chips = set(load[key])

@@ -404,7 +404,9 @@ class LayerCost:
     stream_ps: int  # the busiest channel's expected streaming
     cut_ps: int
     collect_ps: int = 0  # output slices gathered, and handed on to the next group
-    fired_ps: int = 0  # each expert group's own busiest channel, at its chance of firing (`fired_stream_ps`)
+    # What the busiest expert group's own channel (`fired_stream_ps`) adds above the balance: the
+    # expected maximum over channels is at least each of the two.
+    fired_ps: int = 0
 
     @property
     def total_ps(self) -> int:
@@ -454,8 +456,9 @@ def layer_costs(problem: Problem, where: Sequence[int], tiles: Sequence[int] | N
             after = problem.next_group[g]
             if after >= 0 and after in load:
                 collect += next_handoff_ps(problem, g, min(load[g]), after, min(load[after]))
-        own = sum(max(fired[g].values()) for g in groups if g in fired)
-        result.append(LayerCost(layer, compute_ps, max(stream.get(layer, {0: 0}).values()), cut, collect, own))
+        balance = max(stream.get(layer, {0: 0}).values())
+        own = max((max(fired[g].values()) for g in groups if g in fired), default=0)
+        result.append(LayerCost(layer, compute_ps, balance, cut, collect, max(0, own - balance)))
     return result
 
 
@@ -483,10 +486,10 @@ def fired_stream_ps(problem: Problem, where: Sequence[int], members: Sequence[in
     how often it fires). The layer's channel balance (`layer_costs`) is a maximum of expectations
     and cannot see this: an expert whose strips share one channel costs it the same as one spread
     over many, yet loads several times slower when routed. A dense group (which always runs): 0,
-    its streaming is the layer's. Summed over a layer's experts (`layer_costs`) it is an upper
-    estimate: it charges them as if they loaded one after another, where routed experts on
-    different channels load side by side (the expected maximum over channels lies between the
-    two terms; sampling routings, as `schedule.routed` does, would measure it)."""
+    its streaming is the layer's. Each is a lower bound on the layer's expected busiest channel (it
+    is that channel's load in the steps the expert fires, and no more than it in the others), and
+    so is the channel balance: a layer is charged the larger (`layer_costs`). The greedy adds it
+    per group as an expert's marginal cost, which is what spreads each expert's strips."""
     if problem.fires_of(problem.group_of[members[0]]) >= 1.0:
         return 0
     channels: dict[int, int] = {}
