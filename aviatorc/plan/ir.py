@@ -315,18 +315,22 @@ class Buffer:
 @dataclass(frozen=True)
 class Workload:
     """What a program is compiled for: `batch` sequences, `context` tokens of KV cache each
-    (decode), a prompt of `prompt` tokens (prefill)."""
+    (decode), a prompt of `prompt` tokens (prefill). `positions`: the new tokens each sequence
+    brings to a decode step: 1, or k + 1 when the step verifies k drafted tokens (each reads its
+    sequence's cache once for all its positions)."""
 
     batch: int = 1
     context: int = 2048
     prompt: int = 128
+    positions: int = 1
 
     def tokens(self, phase: str) -> int:
-        """Tokens one program processes: one per sequence in decode, the prompts in prefill."""
-        return self.batch * (self.prompt if phase == "prefill" else 1)
+        """Tokens one program processes: `positions` per sequence in decode, the prompts in prefill."""
+        return self.batch * (self.prompt if phase == "prefill" else self.positions)
 
     def to_dict(self) -> dict[str, int]:
-        return {"batch": self.batch, "context": self.context, "prompt": self.prompt}
+        out = {"batch": self.batch, "context": self.context, "prompt": self.prompt}
+        return out | ({"positions": self.positions} if self.positions != 1 else {})
 
 
 @dataclass
@@ -406,7 +410,8 @@ class Program:
 
     def to_text(self) -> str:
         w = self.workload
-        lines = [f"program {self.phase} batch={w.batch} context={w.context} prompt={w.prompt}"]
+        positions = f" positions={w.positions}" if w.positions != 1 else ""
+        lines = [f"program {self.phase} batch={w.batch} context={w.context} prompt={w.prompt}{positions}"]
         for b in self.buffers.values():
             holds = f" tile={tile_name(b.tile)}" if b.tile is not None else (
                 f" layer={b.layer}" if b.layer is not None else "")
@@ -580,7 +585,10 @@ def make(op: str, **values: Any) -> Instruction:
 
 def _workload(raw: Any) -> Workload:
     data = _expect(raw, dict, "workload")
-    return Workload(_int(data["batch"]), _int(data["context"]), _int(data["prompt"]))
+    positions = _int(data.get("positions", 1))
+    if positions < 1:
+        raise ValueError(f"workload positions must be >= 1, not {positions}")
+    return Workload(_int(data["batch"]), _int(data["context"]), _int(data["prompt"]), positions)
 
 
 def _expect(value: Any, kind: type, what: str) -> Any:
@@ -682,7 +690,8 @@ def parse_program(text: str) -> Program:
     head = lines[0].split()
     try:
         kv = dict(part.split("=", 1) for part in head[2:])
-        program = Program(head[1], Workload(int(kv["batch"]), int(kv["context"]), int(kv["prompt"])))
+        program = Program(head[1], Workload(int(kv["batch"]), int(kv["context"]), int(kv["prompt"]),
+                                            int(kv.get("positions", 1))))
     except (KeyError, ValueError, IndexError) as error:
         raise ModelFormatError(f"plan text line 1: malformed header ({error}): {lines[0]}") from None
     if program.phase not in PHASES:

@@ -25,11 +25,11 @@ from aviatorc.plan.records import from_json, to_json
 if TYPE_CHECKING:
     from aviatorc.target import Target
 
-PLAN_SCHEMA_VERSION = 5
-READABLE_PLAN_SCHEMAS = (2, 3, 4, 5)  # an older plan's missing fields take their defaults (FIELDS_SINCE)
+PLAN_SCHEMA_VERSION = 6
+READABLE_PLAN_SCHEMAS = (2, 3, 4, 5, 6)  # an older plan's missing fields take their defaults (FIELDS_SINCE)
 # The memory fields each version added: 3, a bounded KV cache; 4, the weight-stationary prefill.
 FIELDS_SINCE = {"kv_sinks": 3, "kv_recent": 3, "prefill_block_tokens": 4, "prefill_staging_bytes_per_chiplet": 4}
-PREDICTION_FIELDS_SINCE = {"routing": 5}  # 5: a mixture of experts' routed step
+PREDICTION_FIELDS_SINCE = {"routing": 5, "verify": 6}  # 5: a mixture of experts' routed step; 6: verify steps
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,8 @@ class FigureRange:
 
 @dataclass(frozen=True)
 class SweepPoint:
-    """Time per token at another batch or context, on this placement."""
+    """Time per token at another batch or context, on this placement; with `positions` k + 1, the
+    step that verifies k drafted tokens of each sequence (speculative decoding)."""
 
     batch: int
     context: int
@@ -171,6 +172,7 @@ class SweepPoint:
     tokens_per_s: float = 0.0
     bound_s: float = 0.0
     efficiency: float = 0.0
+    positions: int = 1
 
 
 @dataclass(frozen=True)
@@ -208,6 +210,7 @@ class Prediction:
     ranges: dict[str, FigureRange] = field(default_factory=dict)  # "time_per_token_s", "ttft_s", "cold_start_s"
     sweep: tuple[SweepPoint, ...] = ()
     routing: RoutingFigures | None = None  # a mixture of experts' routed steps (time_per_token_s is their mean)
+    verify: tuple[SweepPoint, ...] = ()  # the steps verifying k drafts per sequence, at the compiled batch and context
 
 
 @dataclass(frozen=True)

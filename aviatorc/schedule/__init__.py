@@ -48,6 +48,7 @@ SWEEP_BATCHES = (1, 4, 16, 64)
 SWEEP_CONTEXTS = (512, 2048, 8192, 32768)
 PREFETCH_HIT_RATES = (0.5, 0.8, 1.0)  # a predictor's hit rates the prefetching step is timed at
 PREFETCH_SAMPLES = 16  # routings per hit rate (the first of those the routed step is timed on)
+VERIFY_DRAFTS = (1, 2, 4, 8)  # drafted tokens per sequence the verify steps are timed at (speculative decoding)
 SWEEP_ROUTING_SAMPLES = 8  # routings per sweep point of a mixture of experts (the plan's own step: ROUTING_SAMPLES)
 NOTES = ("costs modelled: matrix units per format, vector units, SRAM, LPDDR channels, links with their "
          "message overheads, the per-layer latency, KV writes, the host's per-token round trip",)
@@ -98,6 +99,8 @@ def schedule(graph: Graph, placement: Placement, weights: Sequence[WeightSpec], 
     flops = _flops_by_layer(programs["prefill"], facts)
     cold = cold_start(placement, target, ttft, flops)
     spans = {}
+    swept = _sweep(facts, placement, weights, target, workload, memory, allowed, prefetch, max_context, graph,
+                   routing) if sweep else None
     if ranges and target.assumed:
         with stage(_logger, f"timing the plan over the target's {len(target.assumed)} assumed figures"):
             spans = figure_ranges(programs, placement, target, chunks, flops,
@@ -117,9 +120,9 @@ def schedule(graph: Graph, placement: Placement, weights: Sequence[WeightSpec], 
         ttft_efficiency=bound.ttft_s / ttft if ttft else 0.0,
         sram_peak_bytes=dict(sorted(decode.peak_sram_bytes().items())),
         ranges=spans,
-        sweep=_sweep(facts, placement, weights, target, workload, memory, allowed, prefetch,
-                     max_context, graph, routing) if sweep else (),
+        sweep=swept[1] if swept else (),
         routing=routed,
+        verify=swept[0] if swept else (),
     )
     notes = [*NOTES, PREFILL_NOTES[memory.prefill_schedule]]
     if not facts.kv_width:
@@ -181,36 +184,45 @@ def _flops_by_layer(program: Program, facts: ModelFacts) -> dict[int, float]:
 def _sweep(facts: ModelFacts, placement: Placement, weights: Sequence[WeightSpec], target: Target,
            workload: Workload, memory: MemoryPlan, allowed: Sequence[int], prefetch: bool,
            max_context: int | None = None, graph: Graph | None = None,
-           routing: Routing | None = None) -> tuple[SweepPoint, ...]:
-    """Time per token over batch (at the compiled context) and context (at the compiled batch, up to
-    the model's trained positions), on this placement: a point whose KV cache outgrows the SRAM the
-    compile reserved streams it."""
+           routing: Routing | None = None) -> tuple[tuple[SweepPoint, ...], tuple[SweepPoint, ...]]:
+    """The steps verifying VERIFY_DRAFTS drafts per sequence (at the compiled batch and context),
+    and time per token over batch (at the compiled context) and context (at the compiled batch, up
+    to the model's trained positions), on this placement: a point whose KV cache outgrows the SRAM
+    the compile reserved streams it."""
     contexts = [t for t in SWEEP_CONTEXTS if max_context is None or t <= max_context]
-    points = sorted({(b, workload.context) for b in SWEEP_BATCHES} | {(workload.batch, t) for t in contexts})
-    def point(batch_context: tuple[int, int]) -> SweepPoint:
-        load = Workload(*batch_context, workload.prompt)
+    points = sorted({(b, workload.context, 1) for b in SWEEP_BATCHES} | {(workload.batch, t, 1) for t in contexts}
+                    | {(workload.batch, workload.context, k + 1) for k in VERIFY_DRAFTS})
+    def point(at: tuple[int, int, int]) -> SweepPoint:
+        load = Workload(at[0], at[1], workload.prompt, at[2])
         return _sweep_point(facts, placement, weights, target, load, memory, allowed, prefetch, graph, routing)
 
-    with stage(_logger, f"simulating the batch and context sweep ({len(points)} points)"):
-        return tuple(forked_map(point, points))
+    with stage(_logger, f"simulating the batch and context sweep and the verify steps ({len(points)} points)"):
+        timed = forked_map(point, points)
+    return (tuple(p for p in timed if p.positions > 1), tuple(p for p in timed if p.positions == 1))
 
 
 def _sweep_point(facts: ModelFacts, placement: Placement, weights: Sequence[WeightSpec], target: Target,
                  load: Workload, memory: MemoryPlan, allowed: Sequence[int], prefetch: bool,
                  graph: Graph | None = None, routing: Routing | None = None) -> SweepPoint:
     batch, context = load.batch, load.context
+    def sized(kv: str) -> MemoryPlan:
+        return plan_memory(facts, placement.tiles, target, load, chiplets=allowed, kv=kv, kv_dtype=memory.kv.dtype,
+                           kv_window=memory.kv.window, prefill=memory.prefill_schedule)
+
     try:
-        trial = plan_memory(facts, placement.tiles, target, load, chiplets=allowed, kv="lpddr",
-                            kv_dtype=memory.kv.dtype, kv_window=memory.kv.window, prefill=memory.prefill_schedule)
+        trial = sized("lpddr")
     except InfeasibleError as error:  # this point's activations or staging do not fit beside the weights
-        return SweepPoint(batch, context, False, error.message)
+        return SweepPoint(batch, context, False, error.message, positions=load.positions)
     if memory.kv.location == "sram" and trial.kv.total_bytes <= memory.kv.total_bytes:
-        trial = plan_memory(facts, placement.tiles, target, load, chiplets=allowed, kv="sram",
-                            kv_dtype=memory.kv.dtype, kv_window=memory.kv.window, prefill=memory.prefill_schedule)
+        try:
+            trial = sized("sram")
+        except InfeasibleError:  # its larger activations leave the cache no room: the cache streams
+            pass
     trial = kv_beside_weights(trial, placement, facts, target)
     sram = target.chiplet.sram_bytes
     if any(held + reserve > sram for held, reserve in zip(placement.chiplet_bytes, trial.reserve_bytes, strict=True)):
-        return SweepPoint(batch, context, False, "needs more SRAM beside the weights than this placement leaves")
+        return SweepPoint(batch, context, False, "needs more SRAM beside the weights than this placement leaves",
+                          positions=load.positions)
     program = build_program(facts, placement, target, trial, load, "decode", chiplets=allowed, prefetch=prefetch,
                             routed=routing is not None)
     if routing is not None and graph is not None:
@@ -223,4 +235,4 @@ def _sweep_point(facts: ModelFacts, placement: Placement, weights: Sequence[Weig
     bound: BoundFigures = physical_bound(weights, target, load, bound_inputs(facts, weights, target, trial),
                                          chiplets=allowed, routing=routing)
     return SweepPoint(batch, context, True, "", trial.kv.location, step, batch / step if step else 0.0, bound.token_s,
-                      bound.token_s / step if step else 0.0)
+                      bound.token_s / step if step else 0.0, load.positions)

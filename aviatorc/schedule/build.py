@@ -113,8 +113,9 @@ class _Builder:
         self.facts, self.placement, self.target, self.memory = facts, placement, target, memory
         self.workload, self.phase, self.tokens, self.chiplets = workload, phase, tokens, chiplets
         self.blocks, self.block = blocks, 0
-        # The logits of each sequence's last token: a decode step's tokens, or a prefill pass's sequences.
-        self.output_tokens = min(tokens * blocks, workload.batch)
+        # The logits of every token a decode step brings (its drafts' too, when it verifies them),
+        # of each sequence's last token in a prefill pass.
+        self.output_tokens = tokens if phase == "decode" else min(tokens * blocks, workload.batch)
         self.stationary: set[int] = set()  # chiplets holding this run's streamed tiles for all its blocks
         self.held: dict[tuple[str, int, int], Buffer] = {}  # (node, tile, column) -> its stationary buffer
         self.program = Program(phase, workload)
@@ -379,7 +380,8 @@ class _Builder:
                           vector_bytes=0, kind=kind, part=None)
             self._write_back(home, layer, written, in_sram)
             return
-        flops = 4 * self.workload.batch * kv.tokens * q_width
+        # Every position attends to its sequence's whole cache, which is read once for all of them.
+        flops = 4 * self.tokens * kv.tokens * q_width
         nbytes = kv.bytes_per_layer.get(layer, 0)
         if kv.location == "sram" or nbytes == 0:
             bufs = (f"kv.{layer}",) if nbytes else ()
@@ -393,7 +395,7 @@ class _Builder:
         where = self._kv_chunk_chiplets(node)
         chunks = len(where)
         out = node.outputs[0]
-        partial_bytes = math.ceil(self.workload.batch * q_width * self.target.activation_bytes_per_element / chunks)
+        partial_bytes = math.ceil(self.tokens * q_width * self.target.activation_bytes_per_element / chunks)
         for i, c in enumerate(where):
             share = min(kv.chunk_bytes, nbytes - i * kv.chunk_bytes)
             part = Part("kv", i, chunks)

@@ -149,7 +149,7 @@ def plan_memory(facts: ModelFacts, tiles: Sequence[Tile], target: Target, worklo
     if workload.batch < 1 or workload.context < 0 or workload.prompt < 1:
         raise OptionError(f"batch, context and prompt must be positive (batch={workload.batch}, "
                           f"context={workload.context}, prompt={workload.prompt})")
-    decode_peak = activation_peak_bytes(facts, target, workload.tokens("decode"), workload.batch)
+    decode_peak = activation_peak_bytes(facts, target, workload.tokens("decode"), workload.tokens("decode"))
     budget = max(decode_peak, int(PREFILL_SCRATCH_SHARE * target.chiplet.sram_bytes))
     # The stationary prefill's blocks run as a wavefront, PREFILL_BLOCKS_IN_FLIGHT at a time (build.py).
     in_flight = PREFILL_BLOCKS_IN_FLIGHT if prefill == "stationary" else 1

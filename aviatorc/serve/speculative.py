@@ -277,31 +277,42 @@ def predicted_speedup(acceptance: float, k: int, target_plan: Plan, draft_plan: 
 
     With a per-token acceptance rate a, a turn hands out E = (1 - a^(k+1)) / (1 - a) tokens per
     sequence (the accepted drafts and the target's own token) and costs k draft steps plus one
-    target step over k+1 tokens per sequence. The steps come from each plan's simulated decode:
-    the draft's at its batch, the target's k+1-token step read off its batch sweep at batch
-    B(k+1) (linear between the swept batches, extrapolated along the last two past the largest
-    that fits). That point also reads the KV cache k+1 times where a verify reads it once: an
-    overestimate of the verify step, so the speedup is a low one.
+    target step over k+1 positions per sequence. The steps come from each plan's simulation: the
+    draft's decode at its batch, and the target's verify step (`Prediction.verify`: each
+    sequence's cache read once for its k+1 positions), linear in k between the timed draft
+    counts. A plan compiled before verify steps were timed reads its batch sweep at batch B(k+1)
+    instead, which reads the cache k+1 times: an overestimate, so the speedup is a low one.
     """
-    batch = target_plan.workload.batch
     step_s = target_plan.prediction.time_per_token_s
     draft_s = draft_plan.prediction.time_per_token_s if draft_plan is not None else 0.0  # n-gram: host lookup
-    verify_s = _step_at(target_plan, batch * (k + 1)) or step_s * (k + 1)
+    verify_s = verify_step_s(target_plan, k)
     a = min(max(acceptance, 0.0), 1.0)
     tokens = k + 1 if a == 1.0 else (1 - a ** (k + 1)) / (1 - a)
     return tokens * step_s / (k * draft_s + verify_s)
 
 
+def verify_step_s(plan: Plan, k: int) -> float:
+    """The target's step verifying k drafts per sequence at its compiled batch (see `predicted_speedup`)."""
+    timed = {p.positions: p.time_per_token_s for p in plan.prediction.verify if p.fits}
+    if timed:
+        return _along({1: plan.prediction.time_per_token_s} | timed, k + 1)
+    return _step_at(plan, plan.workload.batch * (k + 1)) or plan.prediction.time_per_token_s * (k + 1)
+
+
 def _step_at(plan: Plan, batch: int) -> float | None:
-    """The decode step at `batch` from the plan's sweep (at its compiled context): linear between
-    the swept batches, and past the last one that fits, along the line through the last two."""
+    """The decode step at `batch` from the plan's sweep (at its compiled context); None past the
+    last batch that fits when only one was swept."""
     context = plan.workload.context
     swept = {p.batch: p.time_per_token_s for p in plan.prediction.sweep if p.fits and p.context == context}
     swept[plan.workload.batch] = plan.prediction.time_per_token_s  # the compiled point itself
-    points = sorted(swept.items())
-    if batch <= points[-1][0]:
-        return float(np.interp(batch, [b for b, _ in points], [s for _, s in points]))
-    if len(points) < 2:
-        return None
-    (b0, s0), (b1, s1) = points[-2:]
-    return s1 + max(0.0, (s1 - s0) / (b1 - b0)) * (batch - b1)
+    return _along(swept, batch) if batch <= max(swept) or len(swept) >= 2 else None
+
+
+def _along(points: dict[int, float], x: int) -> float:
+    """Linear between the points, and past the last one along the line through the last two
+    (never falling)."""
+    xs = sorted(points)
+    if x <= xs[-1] or len(xs) < 2:
+        return float(np.interp(x, xs, [points[p] for p in xs]))
+    x0, x1 = xs[-2:]
+    return points[x1] + max(0.0, (points[x1] - points[x0]) / (x1 - x0)) * (x - x1)

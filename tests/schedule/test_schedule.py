@@ -13,9 +13,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 import aviatorc
 from aviatorc.errors import InfeasibleError
-from aviatorc.plan.ir import Buffer, Compute, Free, Load, Program, Recv, Send, ValueRef, Wait, Workload
-from aviatorc.schedule import simulate
-from aviatorc.schedule.memory import kv_bytes_per_token
+from aviatorc.plan.ir import Buffer, Compute, Free, Load, Program, Recv, Send, Store, ValueRef, Wait, Workload
+from aviatorc.schedule import model_facts, simulate
+from aviatorc.schedule.build import build_program
+from aviatorc.schedule.memory import kv_beside_weights, kv_bytes_per_token, plan_memory
 from aviatorc.target import load_target
 from tests.zoo_fixtures import zoo_dir, zoo_onnx  # noqa: F401
 
@@ -234,3 +235,37 @@ def test_the_decode_step_is_no_faster_than_its_busiest_channel_and_link(streamed
         # Half the channel bandwidth: a streaming plan's step grows, by at most the channel time added.
         slow = simulate(art.plan, load_target(tiny_target, overrides={"card.lpddr_bytes_per_s": 5e9})).makespan_s
         assert step < slow <= step + busiest_s * (1 + 1e-9)
+
+
+def test_a_verify_step_reads_each_sequences_cache_once_for_all_its_positions(zoo_onnx):  # noqa: F811
+    """Verifying k drafts runs k + 1 positions per sequence: the FLOPs and KV writes of a decode
+    step at k + 1 times the batch, but each sequence's cache is read once, not k + 1 times."""
+    art = aviatorc.compile(str(zoo_onnx("llama")), target="mock", quant="int8", context=2048, batch=4,
+                           kv_cache="lpddr")
+    facts = model_facts(art.graph, art.placement.tiles)
+    target, chiplets = art.plan.target, art.plan.chiplets
+
+    def program(load: Workload):
+        memory = kv_beside_weights(plan_memory(facts, art.placement.tiles, target, load, chiplets=chiplets,
+                                               kv="lpddr"), art.placement, facts, target)
+        return build_program(facts, art.placement, target, memory, load, "decode", chiplets=chiplets)
+
+    def totals(p):
+        kv = sum(i.bytes for _, _, i in p.instructions() if isinstance(i, Load) and p.buffers[i.buf].layer is not None)
+        flops = sum(i.flops for _, _, i in p.instructions() if isinstance(i, Compute))
+        stored = sum(i.bytes for _, _, i in p.instructions() if isinstance(i, Store))
+        return kv, flops, stored
+
+    verify, wide, plain = (program(Workload(4, 2048, 128, 5)), program(Workload(20, 2048, 128)),
+                           program(Workload(4, 2048, 128)))
+    assert program(Workload(4, 2048, 128, 1)).to_text() == art.plan.programs["decode"].to_text()
+    (kv_v, flops_v, stored_v), (kv_w, flops_w, stored_w), (kv_p, _, _) = totals(verify), totals(wide), totals(plain)
+    assert kv_v == kv_p == art.plan.memory.kv_bytes and kv_w == 5 * kv_p
+    assert flops_v == flops_w and stored_v == stored_w > 0
+    assert simulate(verify, target).makespan_s < simulate(wide, target).makespan_s
+    # The plan times these steps: each more draft costs more, none less than a plain step.
+    timed = {p.positions: p.time_per_token_s for p in art.plan.prediction.verify if p.fits}
+    assert sorted(timed) == [2, 3, 5, 9]
+    steps = [art.plan.prediction.time_per_token_s, *(timed[n] for n in sorted(timed))]
+    assert steps == sorted(steps) and steps[0] < steps[-1]
+    assert timed[5] == pytest.approx(simulate(verify, target).makespan_s, rel=1e-9)

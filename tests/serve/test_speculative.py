@@ -4,7 +4,8 @@
   (the target itself: every draft accepted) and one that mostly does not (a different model);
 - the acceptance counts are what the verification saw: all k with the target as its own draft;
 - `Session.extend` gives the logits a token-by-token `decode` gives, and `truncate` rolls back;
-- the predicted speedup follows the acceptance rate on the plan's simulated steps;
+- the predicted speedup follows the acceptance rate on the plan's simulated steps, its verify
+  steps among them;
 - n-gram drafts (prompt lookup, no draft model): the lookup itself, the same greedy output, and
   drafts accepted on text that repeats.
 """
@@ -12,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import numpy as np
 import pytest
@@ -27,6 +29,7 @@ from aviatorc.serve.speculative import (
     Speculator,
     lookup,
     predicted_speedup,
+    verify_step_s,
 )
 from tests.serve.test_engine import alone, prompts, serve
 
@@ -181,3 +184,14 @@ def test_a_request_switched_off_no_longer_runs_the_draft_model(target, artifacts
     asyncio.run(serve(Engine(target, speculator=Speculator(target, DraftModel(draft, target), 4)), [request]))
     assert request.generated == alone(target, [9, 10, 11], 12)
     assert stepped == [] and draft.slot_length(0) == 0  # prefilled once, then freed: no draft step at all
+
+
+def test_the_speedup_is_predicted_from_the_plans_verify_steps(artifacts):
+    plan = aviatorc.load(artifacts["llama"]).plan
+    timed = {p.positions: p.time_per_token_s for p in plan.prediction.verify if p.fits}
+    assert verify_step_s(plan, 4) == timed[5] and timed[3] < verify_step_s(plan, 3) < timed[5]
+    # A plan compiled before verify steps were timed reads its sweep at 5x the batch instead,
+    # which reads every sequence's cache 5 times: a slower verify, a lower speedup.
+    older = dataclasses.replace(plan, prediction=dataclasses.replace(plan.prediction, verify=()))
+    assert verify_step_s(older, 4) > verify_step_s(plan, 4)
+    assert predicted_speedup(0.8, 4, older) < predicted_speedup(0.8, 4, plan)
