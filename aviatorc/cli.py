@@ -297,10 +297,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--request-timeout", type=float, metavar="S", help="server-wide limit per request, in seconds "
                    "(a request's own `timeout` may only shorten it)")
     p.add_argument("--draft", metavar="ARTIFACT", help="a small draft model for speculative decoding of the first "
-                   "artifact (greedy requests)")
-    p.add_argument("--speculative-method", choices=("draft", "ngram"), help="speculative decoding of the first artifact's "
-                   "greedy requests: draft (a small model, --draft) or ngram (prompt lookup, no draft model); default: "
-                   "draft when --draft is given")
+                   "artifact (greedy requests), or with --speculative-method self its INT4 plan")
+    p.add_argument("--speculative-method", choices=("draft", "ngram", "self"), help="speculative decoding of the "
+                   "first artifact's greedy requests: draft (a small model, --draft), ngram (prompt lookup, no draft "
+                   "model) or self (the same model at INT4: --draft, else compiled from its source at start); "
+                   "default: draft when --draft is given")
     p.add_argument("--num-speculative-tokens", type=int, default=4, metavar="K", help="draft tokens per step")
     p.add_argument("--enable-prefix-caching", action="store_true", help="reuse the KV cache of prompt blocks "
                    "(16 tokens each) that earlier requests computed: a shared system prompt is prefilled once")

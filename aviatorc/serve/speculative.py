@@ -29,8 +29,11 @@ from the two plans' simulated steps (see its docstring).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -43,7 +46,8 @@ if TYPE_CHECKING:
     from aviatorc.serve.metrics import Metrics
     from aviatorc.serve.structured import Constraint
 
-METHODS = ("draft", "ngram")
+METHODS = ("draft", "ngram", "self")
+SELF_DRAFT_QUANT = "int4"  # the self draft's format: half the bytes of an INT8 target, a quarter of FP16's
 TRIAL_DRAFTS = 8  # drafts a request proposes before its own acceptance rate sets its draft length
 MIN_ACCEPTANCE = 0.15  # below this, a request stops speculating: its verify steps would cost more than they give
 Job = tuple[list[int], int]  # (the sequence so far: prompt and generated tokens, drafts wanted)
@@ -120,6 +124,48 @@ class DraftModel:
         if catch_up:
             slots = sorted(catch_up)
             self.draft.decode(slots, [catch_up[slot] for slot in slots])
+
+
+def compile_self_draft(target: Session, out: Path) -> Path:
+    """The target's own source compiled again at SELF_DRAFT_QUANT (round to nearest: a server has no
+    calibration data) with the target's other compile options, onto its target, chiplets, KV slots
+    and context; written to the artifact folder `out`. It shares the tokenizer and, being the same
+    model at a coarser format, agrees with the target far more often than a smaller model does."""
+    from aviatorc.compiler import compile as compile_model
+    from aviatorc.options import CompileOptions
+
+    where = str(target.artifact.path)
+    report = target.artifact.report
+    recorded = report.get("options")
+    if not isinstance(recorded, dict):
+        raise OptionError("the self draft compiles the target again with its options, but its report.json has none",
+                          file=where, hint=f"compile it with --quant {SELF_DRAFT_QUANT} yourself and pass it with --draft")
+    known = {f.name for f in dataclasses.fields(CompileOptions)} - {"extra"}
+    options: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in recorded.items() if k in known}
+    if options.get("quant") in (SELF_DRAFT_QUANT, "mxint4"):
+        raise OptionError(f"the target is already {options['quant']}: a self draft at {SELF_DRAFT_QUANT} would cost "
+                          "as much as the target", file=where, hint="use --speculative-method ngram, or a smaller "
+                          "--draft model")
+    source = Path(str(report.get("source", "")))
+    if not source.is_file() and not source.is_dir():
+        raise OptionError(f"the self draft compiles the target's source again, but '{source}' is not there",
+                          file=where, hint=f"compile it with --quant {SELF_DRAFT_QUANT} yourself and pass it with "
+                          "--draft")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    target_file = out.with_name(out.name + ".target.toml")
+    target_file.write_text(target.artifact.target_toml)
+    options |= {"target": str(target_file), "quant": SELF_DRAFT_QUANT, "group_size": None, "symmetric": None,
+                "quant_method": "rtn", "passes": None, "ranges": False, "sweep": False}
+    logging.getLogger("aviatorc.serve").warning("compiling the %s self draft of %s (pass it as --draft next time: "
+                                                "%s)", SELF_DRAFT_QUANT, where, out)
+    compile_model(str(source), **options).save(out, html_report=False)
+    return out
+
+
+def same_model(draft: Session, target: Session) -> bool:
+    """Whether both were compiled from one model: the imported graphs' summaries agree."""
+    return bool(draft.artifact.report.get("model")) and \
+        draft.artifact.report.get("model") == target.artifact.report.get("model")
 
 
 class NgramDrafts:

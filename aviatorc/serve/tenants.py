@@ -11,6 +11,9 @@ scheduler task, so one tenant's load cannot change another's outputs.
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +39,9 @@ class EngineOptions:
     max_queue: int = 256
     request_timeout_s: float | None = None
     draft: str | None = None  # a draft artifact for speculative decoding (the first model only)
-    speculative_method: str | None = None  # "draft" (needs `draft`) or "ngram"; None: "draft" if a draft is given
+    # "draft" (needs `draft`), "ngram", or "self" (the target's INT4 plan: `draft`, else compiled at start);
+    # None: "draft" if a draft is given
+    speculative_method: str | None = None
     num_speculative_tokens: int = 4
     prefix_cache_tokens: int | None = 0  # prefix caching: 0 off; N tokens kept; None the plan's slots x context
     max_num_batched_tokens: int | None = None  # chunked prefill: tokens a turn computes (decodes + prompt chunks)
@@ -67,13 +72,21 @@ def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Regist
     """Open every artifact (each must be able to generate), check that the tenants are isolated."""
     from aviatorc.runtime.text import load_tokenizer, source_tokenizer
     from aviatorc.serve.prefix import PrefixCache
-    from aviatorc.serve.speculative import DraftModel, NgramDrafts, Speculator
+    from aviatorc.serve.speculative import (
+        SELF_DRAFT_QUANT,
+        DraftModel,
+        NgramDrafts,
+        Speculator,
+        compile_self_draft,
+        same_model,
+    )
 
     if not specs:
         raise OptionError("no artifact to serve", hint="aviatorc serve ARTIFACT [ARTIFACT...]")
     models: dict[str, ServedModel] = {}
     targets: dict[str, str] = {}
     drafts_chiplets: frozenset[int] = frozenset()
+    draft_file = ""
     for index, spec in enumerate(specs):
         session = Session(spec.artifact)
         if session.cache is None:
@@ -98,11 +111,16 @@ def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Regist
         speculator = None
         if options.method == "ngram" and index == 0:
             speculator = Speculator(session, NgramDrafts(), options.num_speculative_tokens, metrics)
-        if options.method == "draft" and options.draft is not None and index == 0:
-            draft = Session(options.draft)
+        if options.method in ("draft", "self") and index == 0:
+            draft = Session(options.draft or compile_self_draft(session, _scratch() / "self-draft.avc"))
+            draft_file = str(draft.artifact.path)
+            if options.method == "self" and not same_model(draft, session):
+                raise OptionError(f"the self draft must be '{name}' compiled again (at {SELF_DRAFT_QUANT}), but it "
+                                  "was compiled from another model", file=draft_file,
+                                  hint="pass --speculative-method draft for a different draft model")
             if draft.artifact.plan.target_name != target:
                 raise OptionError(f"the draft was compiled for target '{draft.artifact.plan.target_name}' but "
-                                  f"'{name}' for '{target}'", file=options.draft, hint="compile both for one target")
+                                  f"'{name}' for '{target}'", file=draft_file, hint="compile both for one target")
             speculator = Speculator(session, DraftModel(draft, session), options.num_speculative_tokens, metrics)
             drafts_chiplets = frozenset(draft.artifact.plan.chiplets)
         if session.kv_window and (speculator or options.prefix_cache_tokens != 0):
@@ -125,15 +143,22 @@ def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Regist
         created = int(Path(spec.artifact).stat().st_mtime)
         models[name] = ServedModel(name, session, tokenizer, engine, metrics, chiplets, created)
         targets[name] = target
-    if options.draft is not None:  # the draft shares its target's chiplets (they take turns), no one else's
+    if drafts_chiplets:  # the draft shares its target's chiplets (they take turns), no one else's
         first = next(iter(models))
         for other in list(models.values())[1:]:
             shared = sorted(drafts_chiplets & other.chiplets)
             if shared:
                 raise OptionError(f"the draft of '{first}' and '{other.name}' both use chiplets {_ranges(shared)}: "
-                                  "tenants must not share SRAM", file=options.draft,
+                                  "tenants must not share SRAM", file=draft_file,
                                   hint="compile the draft onto its target's chiplets with --chiplets")
     return models
+
+
+def _scratch() -> Path:
+    """A folder for what the server makes for itself (a self draft), removed when it exits."""
+    folder = Path(tempfile.mkdtemp(prefix="aviatorc-serve-"))
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 def _ranges(ids: list[int]) -> str:
