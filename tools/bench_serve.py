@@ -17,9 +17,10 @@ background streams (priority 10) hold every KV slot: P99 loaded against P99 unlo
 
 With `--draft`, a second server runs the same load with a truncated-layer copy of the same model
 as the draft (its first 20 of 30 layers, then the final norm and head; INT8; speculative decoding,
-k = 4): greedy tokens against `generate`, the acceptance rate from /metrics, the measured
+k = 4), and a third with the INT4 plan of the same GGUF as the draft (`--speculative-method
+self`): greedy tokens against `generate`, the acceptance rate from /metrics, the measured
 throughput, and the speedup that `predicted_speedup` gives for the plans' target at that
-acceptance.
+acceptance (from the draft's simulated step and the target's simulated verify step).
 
 With `--ngram`, a plan at context 512 serves two more workloads, each with a server as users
 start it: n-gram (prompt lookup) speculation, k = 4, on 8 prompts whose continuations repeat
@@ -183,6 +184,30 @@ def priorities(url: str, prompts: list[str], context: int) -> dict[str, Any]:
             "ratio_p99": percentile(loaded, 99) / percentile(alone, 99)}
 
 
+def speculate(target: Path, draft: Path, source: Path, prompts: list[str], new_tokens: int, sequential: list[list[int]],
+              served: dict[str, Any], *extra: str) -> dict[str, Any]:
+    """The chat load on a server speculating with `draft` (k = 4): its figures, and the speedup
+    `predicted_speedup` gives on the plans' target at the acceptance it measured."""
+    from aviatorc import load as load_artifact
+    from aviatorc.serve.speculative import predicted_speedup, verify_step_s
+
+    server = Server(str(target), "--tokenizer", str(source), "--served-model-name", "model", "--draft", str(draft),
+                    "--num-speculative-tokens", "4", *extra)
+    try:
+        load(server.url, prompts[:2], 2)
+        rows, wall_s = load(server.url, prompts, new_tokens)
+        acceptance = server.metric("aviatorc_spec_decode_acceptance_rate")
+    finally:
+        server.close()
+    plans = [load_artifact(p).plan for p in (target, draft)]
+    return summarize(rows, wall_s, new_tokens) | {
+        "acceptance": acceptance, "predicted_speedup": predicted_speedup(acceptance, 4, *plans),
+        "target_step_s": plans[0].prediction.time_per_token_s, "verify_step_s": verify_step_s(plans[0], 4),
+        "draft_step_s": plans[1].prediction.time_per_token_s,
+        "same_tokens_as_generate": sum(r.get("ids") == s for r, s in zip(rows, sequential)),
+        "speedup_vs_served": len([r for r in rows if r.get("ok")]) * new_tokens / wall_s / served["tokens_per_s"]}
+
+
 def truncated_draft(source: Path, out: Path, layers: int, slots: int, context: int) -> None:
     """The first `layers` decoder layers of the model, then its final norm and head, at INT8."""
     import aviatorc
@@ -214,7 +239,7 @@ QUESTIONS = ["What is SRAM?", "What is a chiplet?", "Why is memory bandwidth imp
 def ngram_and_prefix(source: Path, work: Path, new_tokens: int) -> dict[str, Any]:
     """n-gram speculation against plain serving on REPEATING; prefix caching on SYSTEM + QUESTIONS."""
     from aviatorc import load as load_artifact
-    from aviatorc.serve.speculative import predicted_speedup
+    from aviatorc.serve.speculative import predicted_speedup, verify_step_s
 
     plan_path = work / "model-512.avc"
     print("compiling SmolLM2-135M INT8 at context 512 (8 slots) ...", flush=True)
@@ -237,7 +262,8 @@ def ngram_and_prefix(source: Path, work: Path, new_tokens: int) -> dict[str, Any
                    "same_tokens_as_plain": sum(a == b for a, b in zip(plain.pop("ids"), ngram.pop("ids"))),
                    "requests": len(REPEATING), "plain_tokens_per_s": plain["tokens_per_s"],
                    "ngram_tokens_per_s": ngram["tokens_per_s"], "measured_speedup": ngram["tokens_per_s"] / plain["tokens_per_s"],
-                   "predicted_speedup": predicted_speedup(ngram["acceptance"], 4, plan)}
+                   "predicted_speedup": predicted_speedup(ngram["acceptance"], 4, plan),
+                   "target_step_s": plan.prediction.time_per_token_s, "verify_step_s": verify_step_s(plan, 4)}
     print(f"  n-gram speculation: acceptance {speculation['acceptance']:.3f}, {speculation['measured_speedup']:.2f}x plain "
           f"here, predicted {speculation['predicted_speedup']:.2f}x on the target; "
           f"{speculation['same_tokens_as_plain']}/{len(REPEATING)} as plain", flush=True)
@@ -349,38 +375,28 @@ def main() -> None:
           f"{prio['ttft_loaded_p99_s'] * 1e3:.0f} ms under {prio['background']} background streams "
           f"({prio['ratio_p99']:.2f}x)", flush=True)
 
-    speculative = None
+    speculative = self_draft = None
     if args.draft:
-        from aviatorc.serve.speculative import predicted_speedup
-
         draft = work / "draft.avc"
         print(f"compiling the draft (the first {DRAFT_LAYERS} layers) ...", flush=True)
         truncated_draft(source, draft, DRAFT_LAYERS, clients, context)
-        server = Server(str(target), "--tokenizer", str(source), "--served-model-name", "model", "--draft", str(draft),
-                        "--num-speculative-tokens", "4")
-        try:
-            load(server.url, prompts[:2], 2)
-            rows, wall_s = load(server.url, prompts, new_tokens)
-            acceptance = server.metric("aviatorc_spec_decode_acceptance_rate")
-        finally:
-            server.close()
-        speculative = summarize(rows, wall_s, new_tokens)
-        from aviatorc import load as load_artifact
-
-        plans = [load_artifact(p).plan for p in (target, draft)]
-        speculative.update(acceptance=acceptance, predicted_speedup=predicted_speedup(acceptance, 4, *plans),
-                           target_step_s=plans[0].prediction.time_per_token_s,
-                           draft_step_s=plans[1].prediction.time_per_token_s,
-                           same_tokens_as_generate=sum(r.get("ids") == s for r, s in zip(rows, sequential)),
-                           speedup_vs_served=speculative["tokens_per_s"] / served["tokens_per_s"])
-        print(f"  speculative ({DRAFT_LAYERS}-layer draft, k=4): acceptance {acceptance:.3f}, {speculative['tokens_per_s']:.1f} tok/s "
-              f"({speculative['speedup_vs_served']:.2f}x plain serving here), predicted on the target "
-              f"{speculative['predicted_speedup']:.2f}x", flush=True)
+        speculative = speculate(target, draft, source, prompts, new_tokens, sequential, served)
+        print(f"  speculative ({DRAFT_LAYERS}-layer draft, k=4): acceptance {speculative['acceptance']:.3f}, "
+              f"{speculative['tokens_per_s']:.1f} tok/s ({speculative['speedup_vs_served']:.2f}x plain serving here), "
+              f"predicted on the target {speculative['predicted_speedup']:.2f}x", flush=True)
+        own = work / "self-int4.avc"
+        print("compiling the INT4 self draft ...", flush=True)
+        compile_plan(source, own, "int4", clients, context)
+        self_draft = speculate(target, own, source, prompts, new_tokens, sequential, served,
+                               "--speculative-method", "self")
+        print(f"  speculative (INT4 self draft, k=4): acceptance {self_draft['acceptance']:.3f}, "
+              f"{self_draft['tokens_per_s']:.1f} tok/s ({self_draft['speedup_vs_served']:.2f}x plain serving here), "
+              f"predicted on the target {self_draft['predicted_speedup']:.2f}x", flush=True)
 
     extra = ngram_and_prefix(source, work, new_tokens) if args.ngram else None
     result = {"clients": clients, "new_tokens": new_tokens, "context": context, "compile_s": compile_s,
               "sequential_tokens_per_s": sequential_tps, "served": served, "priorities": prio,
-              "speculative": speculative, "ngram_and_prefix": extra}
+              "speculative": speculative, "self_draft": self_draft, "ngram_and_prefix": extra}
     command = ("python tools/bench_serve.py" + (" --quick" if args.quick else "") + (" --draft" if args.draft else "")
                + (" --ngram" if args.ngram else ""))
     RESULTS.parent.mkdir(exist_ok=True)
@@ -429,8 +445,19 @@ def render(r: dict[str, Any], command: str) -> str:
                       f"{p['tokens_per_s']:.1f} tokens/s here ({p['speedup_vs_served']:.2f}x plain serving on this CPU, "
                       f"where a verification step computes k+1 positions per sequence); predicted on the plans' target from that "
                       f"acceptance: **{p['predicted_speedup']:.2f}x** (`aviatorc.serve.speculative.predicted_speedup`; "
-                      f"simulated decode steps: target {p['target_step_s'] * 1e3:.3f} ms, draft "
-                      f"{p['draft_step_s'] * 1e3:.3f} ms)."]
+                      f"simulated steps: target {p['target_step_s'] * 1e3:.3f} ms, its verify of 4 drafts "
+                      f"{p.get('verify_step_s', float('nan')) * 1e3:.3f} ms, draft {p['draft_step_s'] * 1e3:.3f} ms)."]
+    o = r.get("self_draft")
+    if o:
+        lines += ["", f"The INT4 self draft (`--speculative-method self`: the same GGUF compiled at INT4, group 32, no "
+                      f"calibration), k = 4, the same load: acceptance **{o['acceptance']:.3f}**; greedy tokens equal "
+                      f"to `generate`: {o['same_tokens_as_generate']} / {o['requests']}; {o['tokens_per_s']:.1f} "
+                      f"tokens/s here ({o['speedup_vs_served']:.2f}x plain serving on this CPU); predicted on the "
+                      f"plans' target: **{o['predicted_speedup']:.2f}x** (simulated steps: target "
+                      f"{o['target_step_s'] * 1e3:.3f} ms, its verify of 4 drafts {o['verify_step_s'] * 1e3:.3f} ms, "
+                      f"INT4 draft {o['draft_step_s'] * 1e3:.3f} ms: this model's step is bound by per-layer latency, "
+                      f"not bytes, so halving the bytes saves little). The GGUF's weights are 4-bit already "
+                      f"(Q4_1), which is why INT4 agrees so often here."]
     x = r.get("ngram_and_prefix")
     if x:
         g, f = x["speculation"], x["prefix"]
@@ -440,7 +467,9 @@ def render(r: dict[str, Any], command: str) -> str:
                       f"tokens equal to plain serving: {g['same_tokens_as_plain']} / {g['requests']}; "
                       f"{g['ngram_tokens_per_s']:.1f} against {g['plain_tokens_per_s']:.1f} tokens/s plain here "
                       f"(**{g['measured_speedup']:.2f}x**); predicted on the plan's target from that acceptance: "
-                      f"**{g['predicted_speedup']:.2f}x** (no draft step: the lookup is the host's).",
+                      f"**{g['predicted_speedup']:.2f}x** (no draft step: the lookup is the host's; simulated "
+                      f"steps: plain {g['target_step_s'] * 1e3:.3f} ms, the verify of 4 drafts "
+                      f"{g['verify_step_s'] * 1e3:.3f} ms).",
                   "", f"Prefix caching (`--enable-prefix-caching`): {f['requests']} prompts sharing a "
                       f"{f['system_tokens']}-token system prompt, sent one at a time; mean time to first token of all but the first (which fills the "
                       f"cache): {f['ttft_mean_without_s'] * 1e3:.0f} ms without, {f['ttft_mean_with_s'] * 1e3:.0f} ms "
