@@ -195,17 +195,36 @@ def speculate(target: Path, draft: Path, source: Path, prompts: list[str], new_t
                     "--num-speculative-tokens", "4", *extra)
     try:
         load(server.url, prompts[:2], 2)
+        before = verification_counts(server)
         rows, wall_s = load(server.url, prompts, new_tokens)
-        acceptance = server.metric("aviatorc_spec_decode_acceptance_rate")
+        counts = {name: value - before[name] for name, value in verification_counts(server).items()}
     finally:
         server.close()
     plans = [load_artifact(p).plan for p in (target, draft)]
-    return summarize(rows, wall_s, new_tokens) | {
+    acceptance = counts["accepted"] / max(1.0, counts["drafted"])
+    return summarize(rows, wall_s, new_tokens) | counts | per_verification(counts, *plans) | {
         "acceptance": acceptance, "predicted_speedup": predicted_speedup(acceptance, 4, *plans),
         "target_step_s": plans[0].prediction.time_per_token_s, "verify_step_s": verify_step_s(plans[0], 4),
         "draft_step_s": plans[1].prediction.time_per_token_s,
         "same_tokens_as_generate": sum(r.get("ids") == s for r, s in zip(rows, sequential)),
         "speedup_vs_served": len([r for r in rows if r.get("ok")]) * new_tokens / wall_s / served["tokens_per_s"]}
+
+
+def verification_counts(server: Server) -> dict[str, float]:
+    return {name: server.metric(f"aviatorc_spec_decode_{series}_total")
+            for name, series in (("drafted", "draft_tokens"), ("accepted", "accepted_tokens"),
+                                 ("verifications", "num_drafts"))}
+
+
+def per_verification(counts: dict[str, float], target_plan: Any, draft_plan: Any = None) -> dict[str, float]:
+    """Tokens and drafts per verification as the server counted them, and the speedup on the
+    plans' target of steps like those (`speedup_on_target`)."""
+    from aviatorc.serve.speculative import speedup_on_target
+
+    n = max(1.0, counts["verifications"])
+    tokens, drafts = 1 + counts["accepted"] / n, counts["drafted"] / n
+    return {"tokens_per_verification": tokens, "drafts_per_verification": drafts,
+            "measured_steps_speedup": speedup_on_target(tokens, drafts, target_plan, draft_plan)}
 
 
 def truncated_draft(source: Path, out: Path, layers: int, slots: int, context: int) -> None:
@@ -250,15 +269,16 @@ def ngram_and_prefix(source: Path, work: Path, new_tokens: int) -> dict[str, Any
         server = Server(*base, *extra)
         try:
             load(server.url, REPEATING[:2], 2)
+            before = verification_counts(server)
             rows, wall_s = load(server.url, REPEATING, new_tokens)
-            runs[name] = summarize(rows, wall_s, new_tokens) | {"ids": [r.get("ids") for r in rows],
-                                                                 "acceptance": server.metric("aviatorc_spec_decode_acceptance_rate"),
-                                                                 "drafted": server.metric("aviatorc_spec_decode_draft_tokens_total")}
+            counts = {key: value - before[key] for key, value in verification_counts(server).items()}
+            runs[name] = summarize(rows, wall_s, new_tokens) | counts | {
+                "ids": [r.get("ids") for r in rows], "acceptance": counts["accepted"] / max(1.0, counts["drafted"])}
         finally:
             server.close()
     plain, ngram = runs["plain"], runs["ngram"]
     plan = load_artifact(plan_path).plan
-    speculation = {"acceptance": ngram["acceptance"], "drafted": ngram["drafted"],
+    speculation = per_verification(ngram, plan) | {"acceptance": ngram["acceptance"], "drafted": ngram["drafted"],
                    "same_tokens_as_plain": sum(a == b for a, b in zip(plain.pop("ids"), ngram.pop("ids"))),
                    "requests": len(REPEATING), "plain_tokens_per_s": plain["tokens_per_s"],
                    "ngram_tokens_per_s": ngram["tokens_per_s"], "measured_speedup": ngram["tokens_per_s"] / plain["tokens_per_s"],
@@ -405,6 +425,15 @@ def main() -> None:
     print(f"wrote {RESULTS.relative_to(ROOT)}")
 
 
+def verified(x: dict[str, Any]) -> str:
+    """A speculative run's counts, and the speedups on the plans' target they predict."""
+    return (f"acceptance **{x['acceptance']:.3f}** ({x['drafted']:.0f} drafts, {x['verifications']:.0f} verifications "
+            f"handing out {x['tokens_per_verification']:.2f} tokens each from {x['drafts_per_verification']:.2f} "
+            f"drafts); predicted on the plans' target: **{x['predicted_speedup']:.2f}x** from that acceptance at k = 4 "
+            f"(`predicted_speedup`), **{x['measured_steps_speedup']:.2f}x** from those verifications "
+            f"(`speedup_on_target`)")
+
+
 def render(r: dict[str, Any], command: str) -> str:
     s = r["served"]
     ms = 1e3
@@ -440,22 +469,19 @@ def render(r: dict[str, Any], command: str) -> str:
     p = r.get("speculative")
     if p:
         lines += ["", f"Speculative decoding, the first {DRAFT_LAYERS} of the model's 30 layers (with its final norm and "
-                      f"head, INT8) as the draft, k = 4, the same load: acceptance **{p['acceptance']:.3f}**; greedy "
-                      f"tokens equal to `generate`: {p['same_tokens_as_generate']} / {p['requests']}; "
-                      f"{p['tokens_per_s']:.1f} tokens/s here ({p['speedup_vs_served']:.2f}x plain serving on this CPU, "
-                      f"where a verification step computes k+1 positions per sequence); predicted on the plans' target from that "
-                      f"acceptance: **{p['predicted_speedup']:.2f}x** (`aviatorc.serve.speculative.predicted_speedup`; "
-                      f"simulated steps: target {p['target_step_s'] * 1e3:.3f} ms, its verify of 4 drafts "
-                      f"{p.get('verify_step_s', float('nan')) * 1e3:.3f} ms, draft {p['draft_step_s'] * 1e3:.3f} ms)."]
+                      f"head, INT8) as the draft, k = 4, the same load: {verified(p)}; greedy tokens equal to "
+                      f"`generate`: {p['same_tokens_as_generate']} / {p['requests']}; {p['tokens_per_s']:.1f} tokens/s "
+                      f"here ({p['speedup_vs_served']:.2f}x plain serving on this CPU, where a verification computes "
+                      f"every position); simulated steps: target {p['target_step_s'] * 1e3:.3f} ms, its verify of 4 "
+                      f"drafts {p['verify_step_s'] * 1e3:.3f} ms, draft {p['draft_step_s'] * 1e3:.3f} ms."]
     o = r.get("self_draft")
     if o:
         lines += ["", f"The INT4 self draft (`--speculative-method self`: the same GGUF compiled at INT4, group 32, no "
-                      f"calibration), k = 4, the same load: acceptance **{o['acceptance']:.3f}**; greedy tokens equal "
-                      f"to `generate`: {o['same_tokens_as_generate']} / {o['requests']}; {o['tokens_per_s']:.1f} "
-                      f"tokens/s here ({o['speedup_vs_served']:.2f}x plain serving on this CPU); predicted on the "
-                      f"plans' target: **{o['predicted_speedup']:.2f}x** (simulated steps: target "
+                      f"calibration), k = 4, the same load: {verified(o)}; greedy tokens equal to `generate`: "
+                      f"{o['same_tokens_as_generate']} / {o['requests']}; {o['tokens_per_s']:.1f} tokens/s here "
+                      f"({o['speedup_vs_served']:.2f}x plain serving on this CPU); simulated steps: target "
                       f"{o['target_step_s'] * 1e3:.3f} ms, its verify of 4 drafts {o['verify_step_s'] * 1e3:.3f} ms, "
-                      f"INT4 draft {o['draft_step_s'] * 1e3:.3f} ms: this model's step is bound by per-layer latency, "
+                      f"INT4 draft {o['draft_step_s'] * 1e3:.3f} ms (this model's step is bound by per-layer latency, "
                       f"not bytes, so halving the bytes saves little). The GGUF's weights are 4-bit already "
                       f"(Q4_1), which is why INT4 agrees so often here."]
     x = r.get("ngram_and_prefix")
@@ -463,13 +489,11 @@ def render(r: dict[str, Any], command: str) -> str:
         g, f = x["speculation"], x["prefix"]
         lines += ["", f"n-gram speculation (`--speculative-method ngram`, k = 4; no draft model), at context 512, on "
                       f"{g['requests']} prompts whose continuations repeat their own text (JSON records, code, lists), "
-                      f"all at once: acceptance **{g['acceptance']:.3f}** ({g['drafted']:.0f} tokens drafted); greedy "
-                      f"tokens equal to plain serving: {g['same_tokens_as_plain']} / {g['requests']}; "
-                      f"{g['ngram_tokens_per_s']:.1f} against {g['plain_tokens_per_s']:.1f} tokens/s plain here "
-                      f"(**{g['measured_speedup']:.2f}x**); predicted on the plan's target from that acceptance: "
-                      f"**{g['predicted_speedup']:.2f}x** (no draft step: the lookup is the host's; simulated "
-                      f"steps: plain {g['target_step_s'] * 1e3:.3f} ms, the verify of 4 drafts "
-                      f"{g['verify_step_s'] * 1e3:.3f} ms).",
+                      f"all at once: {verified(g)} (no draft step: the lookup is the host's); greedy tokens equal to "
+                      f"plain serving: {g['same_tokens_as_plain']} / {g['requests']}; {g['ngram_tokens_per_s']:.1f} "
+                      f"against {g['plain_tokens_per_s']:.1f} tokens/s plain here (**{g['measured_speedup']:.2f}x**); "
+                      f"simulated steps: plain {g['target_step_s'] * 1e3:.3f} ms, the verify of 4 drafts "
+                      f"{g['verify_step_s'] * 1e3:.3f} ms.",
                   "", f"Prefix caching (`--enable-prefix-caching`): {f['requests']} prompts sharing a "
                       f"{f['system_tokens']}-token system prompt, sent one at a time; mean time to first token of all but the first (which fills the "
                       f"cache): {f['ttft_mean_without_s'] * 1e3:.0f} ms without, {f['ttft_mean_with_s'] * 1e3:.0f} ms "

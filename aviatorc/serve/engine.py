@@ -92,8 +92,9 @@ class GenerationRequest:
     # Filled in by the engine.
     generated: list[int] = field(default_factory=list)
     reported: list[Logprobs] = field(default_factory=list)  # one per generated token, when `logprobs` is set
-    drafted: int = 0  # speculative decoding: draft tokens proposed for this request, and accepted
-    accepted_drafts: int = 0
+    drafted: int = 0  # speculative decoding: draft tokens proposed for this request, accepted, and the
+    accepted_drafts: int = 0  # steps that verified them
+    verifications: int = 0
     arrival: int = -1
     submitted: float = 0.0
     first_token: float | None = None

@@ -13,6 +13,8 @@ Names follow vLLM's where one exists, under `aviatorc_`; every series carries th
     aviatorc_decode_batch_size                histogram  sequences per decode step
     aviatorc_requests_total{outcome}          counter    stop, length, timeout, cancelled, error, shutdown, rejected
     aviatorc_spec_decode_draft_tokens_total / _accepted_tokens_total, _acceptance_rate
+    aviatorc_spec_decode_num_drafts_total     counter    verifications (a sequence's drafts checked in a
+                                                         step): tokens per verification = 1 + accepted / it
     aviatorc_prefix_cache_queries_total / _hits_total  counter  prompt tokens looked up / found cached
 """
 
@@ -55,6 +57,8 @@ class Registry:
         self.drafted = Counter("aviatorc_spec_decode_draft_tokens", "Draft tokens proposed", m, registry=r)
         self.accepted = Counter("aviatorc_spec_decode_accepted_tokens", "Draft tokens the target accepted", m,
                                 registry=r)
+        self.verifications = Counter("aviatorc_spec_decode_num_drafts", "Verifications of a sequence's drafts", m,
+                                     registry=r)
         self.acceptance = Gauge("aviatorc_spec_decode_acceptance_rate", "Accepted / proposed draft tokens", m,
                                 registry=r)
         self.prefix_queries = Counter("aviatorc_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
@@ -118,6 +122,7 @@ class Metrics:
         self._accepted += accepted
         self.f.drafted.labels(self.model).inc(proposed)
         self.f.accepted.labels(self.model).inc(accepted)
+        self.f.verifications.labels(self.model).inc()
         self.f.acceptance.labels(self.model).set(self._accepted / self._drafted if self._drafted else 0.0)
 
     @property

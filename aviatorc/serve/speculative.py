@@ -22,8 +22,13 @@ choices are its masked ones, so the output equals constrained decoding without s
 Sequences that sample (temperature > 0), and those with nothing drafted, decode normally in the
 same turn: rejection sampling is not implemented.
 
-`predicted_speedup` turns a measured acceptance rate into the speedup on the plan's target,
-from the two plans' simulated steps (see its docstring).
+Each request sets its draft length from its own acceptance (`Speculator.draft_length`) and stops
+speculating when its drafts are mostly refused, or when speculating costs it more time per token
+on this machine than plain decoding does (both timed as the steps run).
+
+`predicted_speedup` turns a measured acceptance rate (and `speedup_on_target` a measured number
+of tokens per verification) into the speedup on the plan's target, from the plans' simulated
+steps (see their docstrings).
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -208,11 +214,20 @@ def lookup(history: Sequence[int], k: int, max_n: int = 4, min_n: int = 1) -> li
 
 
 class Speculator:
-    def __init__(self, target: Session, drafter: Drafter, k: int, metrics: Metrics | None = None) -> None:
+    """`by_time`: also switch a request off when, on the machine this runs on, speculating costs it
+    more time per token than decoding plainly (see `draft_length`); `clock` measures that time."""
+
+    def __init__(self, target: Session, drafter: Drafter, k: int, metrics: Metrics | None = None, *,
+                 by_time: bool = True, clock: Callable[[], float] = time.perf_counter) -> None:
         if k < 1:
             raise OptionError(f"--num-speculative-tokens must be >= 1, not {k}")
         self.target, self.drafter, self.k, self.metrics = target, drafter, k, metrics
+        self.by_time, self.clock = by_time, clock
         self.proposed = self.accepted = 0
+        # Seconds per sequence of a plain decode step and of a speculating one (drafts and their
+        # verification), as moving averages of what this machine took: None until one was timed.
+        self.plain_s: float | None = None
+        self.speculating_s: float | None = None
 
     @property
     def sessions(self) -> list[Session]:
@@ -228,12 +243,17 @@ class Speculator:
         """Drafts to propose for `request` this turn, from its own running acceptance rate a: k
         until it has proposed TRIAL_DRAFTS; then one more than the run of acceptances expected
         per turn, a / (1 - a), up to k; 0 below MIN_ACCEPTANCE: it decodes plainly from then on,
-        and a draft model no longer runs for it."""
+        and a draft model no longer runs for it. With `by_time`, also 0 once a speculating step
+        costs a sequence more than the tokens its verifications have handed out per step
+        (1 + accepted / verifications) cost plainly: a draft that loses time is switched off."""
         if request.drafted < TRIAL_DRAFTS:
             return self.k
         a = request.accepted_drafts / request.drafted
         if a < MIN_ACCEPTANCE:
             return 0
+        if self.by_time and self.plain_s and self.speculating_s and request.verifications:
+            if self.speculating_s > (1 + request.accepted_drafts / request.verifications) * self.plain_s:
+                return 0
         return self.k if a >= 1 else max(1, min(self.k, round(a / (1 - a)) + 1))
 
     async def step(self, engine: Engine, batch: Sequence[int]) -> None:
@@ -247,6 +267,8 @@ class Speculator:
             wanted = self.draft_length(request)
             if wanted == 0:  # switched off for good: the draft model stops following it too
                 self.drafter.free(slot)
+            elif self.by_time and self.plain_s is None and len(request.generated) == 1:
+                wanted = 0  # its first step decodes plainly until a plain step has been timed
             k = min(wanted, request.max_tokens - len(request.generated) - 1, self.target.context - length - 1)
             if request.temperature == 0 and k >= 1:
                 jobs[slot] = (request.prompt + request.generated, k)
@@ -264,6 +286,7 @@ class Speculator:
             self.accepted += accepted
             request.drafted += proposed
             request.accepted_drafts += accepted
+            request.verifications += 1
             if self.metrics is not None:
                 self.metrics.speculated(proposed, accepted)
             engine._accept(request, tokens, rows)
@@ -276,6 +299,8 @@ class Speculator:
         drafted), no tokens and the logits of one step. Under a grammar (`constraints`), drafts
         past the first token it refuses are dropped before verification, and the target's
         choices are its masked ones."""
+        started = self.clock()
+        plain_s = 0.0
         drafts = self.drafter.propose(jobs) if jobs else {}
         for slot, grammar in constraints.items():
             drafts[slot] = drafts[slot][:grammar.matcher.validate_tokens(drafts[slot])]
@@ -287,8 +312,11 @@ class Speculator:
             slots = sorted(plain)
             tokens = [plain[slot] for slot in slots]
             self.drafter.follow(slots, tokens)
+            begun = self.clock()  # the target's step alone: a request switched off no longer runs the draft
             for slot, row in zip(slots, self.target.decode(slots, tokens)):
                 out[slot] = ([], row[None], 0, 0)
+            plain_s = self.clock() - begun
+            self.plain_s = _average(self.plain_s, plain_s / len(slots))
         kept: dict[int, int] = {}
         verifying = sorted(slot for slot in jobs if drafts[slot])
         before = {slot: self.target.slot_length(slot) for slot in verifying}
@@ -309,7 +337,14 @@ class Speculator:
             self.target.truncate(slot, before[slot] + 1 + accepted)  # [last, d1 .. d_accepted]; next feeds choices[accepted]
             kept[slot] = 1 + accepted
         self.drafter.settle(kept)
+        if verifying:
+            self.speculating_s = _average(self.speculating_s, (self.clock() - started - plain_s) / len(verifying))
         return out
+
+
+def _average(mean: float | None, sample: float, weight: float = 0.2) -> float:
+    """An exponential moving average: recent steps count most (the batch changes as requests come and go)."""
+    return sample if mean is None else (1 - weight) * mean + weight * sample
 
 
 def vocabulary(session: Session) -> int | str | None:
@@ -319,33 +354,38 @@ def vocabulary(session: Session) -> int | str | None:
 
 
 def predicted_speedup(acceptance: float, k: int, target_plan: Plan, draft_plan: Plan | None = None) -> float:
-    """Tokens per second with speculation over tokens per second without, on the plan's target.
-
-    With a per-token acceptance rate a, a turn hands out E = (1 - a^(k+1)) / (1 - a) tokens per
-    sequence (the accepted drafts and the target's own token) and costs k draft steps plus one
-    target step over k+1 positions per sequence. The steps come from each plan's simulation: the
-    draft's decode at its batch, and the target's verify step (`Prediction.verify`: each
-    sequence's cache read once for its k+1 positions), linear in k between the timed draft
-    counts. A plan compiled before verify steps were timed reads its batch sweep at batch B(k+1)
-    instead, which reads the cache k+1 times: an overestimate, so the speedup is a low one.
-    """
-    step_s = target_plan.prediction.time_per_token_s
-    draft_s = draft_plan.prediction.time_per_token_s if draft_plan is not None else 0.0  # n-gram: host lookup
-    verify_s = verify_step_s(target_plan, k)
+    """Tokens per second with speculation over tokens per second without, on the plan's target,
+    at a per-token acceptance rate a and k drafts a step: a step hands out E = (1 - a^(k+1)) /
+    (1 - a) tokens per sequence (the accepted drafts and the target's own token); see
+    `speedup_on_target`."""
     a = min(max(acceptance, 0.0), 1.0)
     tokens = k + 1 if a == 1.0 else (1 - a ** (k + 1)) / (1 - a)
-    return tokens * step_s / (k * draft_s + verify_s)
+    return speedup_on_target(tokens, k, target_plan, draft_plan)
 
 
-def verify_step_s(plan: Plan, k: int) -> float:
-    """The target's step verifying k drafts per sequence at its compiled batch (see `predicted_speedup`)."""
+def speedup_on_target(tokens: float, drafts: float, target_plan: Plan, draft_plan: Plan | None = None) -> float:
+    """The speedup on the plan's target of steps that each hand out `tokens` per sequence from
+    `drafts` drafts (a server's measured means: 1 + accepted / verifications, and drafted /
+    verifications). A step costs `drafts` draft steps plus one target step over drafts + 1
+    positions per sequence: the draft's simulated decode at its batch, and the target's verify
+    step (`Prediction.verify`: each sequence's cache read once for its positions), linear in
+    the drafts between the timed counts. A plan compiled before verify steps were timed reads
+    its batch sweep at B(drafts + 1) instead, which reads the cache drafts + 1 times: an
+    overestimate of the verify, so the speedup is a low one."""
+    step_s = target_plan.prediction.time_per_token_s
+    draft_s = draft_plan.prediction.time_per_token_s if draft_plan is not None else 0.0  # n-gram: host lookup
+    return tokens * step_s / (drafts * draft_s + verify_step_s(target_plan, drafts))
+
+
+def verify_step_s(plan: Plan, k: float) -> float:
+    """The target's step verifying k drafts per sequence at its compiled batch (see `speedup_on_target`)."""
     timed = {p.positions: p.time_per_token_s for p in plan.prediction.verify if p.fits}
     if timed:
         return _along({1: plan.prediction.time_per_token_s} | timed, k + 1)
     return _step_at(plan, plan.workload.batch * (k + 1)) or plan.prediction.time_per_token_s * (k + 1)
 
 
-def _step_at(plan: Plan, batch: int) -> float | None:
+def _step_at(plan: Plan, batch: float) -> float | None:
     """The decode step at `batch` from the plan's sweep (at its compiled context); None past the
     last batch that fits when only one was swept."""
     context = plan.workload.context
@@ -354,7 +394,7 @@ def _step_at(plan: Plan, batch: int) -> float | None:
     return _along(swept, batch) if batch <= max(swept) or len(swept) >= 2 else None
 
 
-def _along(points: dict[int, float], x: int) -> float:
+def _along(points: dict[int, float], x: float) -> float:
     """Linear between the points, and past the last one along the line through the last two
     (never falling)."""
     xs = sorted(points)

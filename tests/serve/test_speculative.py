@@ -6,6 +6,8 @@
 - `Session.extend` gives the logits a token-by-token `decode` gives, and `truncate` rolls back;
 - the predicted speedup follows the acceptance rate on the plan's simulated steps, its verify
   steps among them;
+- a draft that costs a request more time per token than plain decoding is switched off for it
+  (on a clock the test controls);
 - n-gram drafts (prompt lookup, no draft model): the lookup itself, the same greedy output, and
   drafts accepted on text that repeats.
 """
@@ -40,7 +42,8 @@ def target(artifacts) -> Session:
 
 
 def speculate(target: Session, draft: Session, k: int, reqs: list[GenerationRequest]) -> Speculator:
-    speculator = Speculator(target, DraftModel(draft, target), k)
+    """The acceptance rules alone (the time rule has a test of its own, on a clock it controls)."""
+    speculator = Speculator(target, DraftModel(draft, target), k, by_time=False)
     asyncio.run(serve(Engine(target, speculator=speculator), reqs, stagger_steps=1))
     return speculator
 
@@ -133,7 +136,7 @@ def test_ngram_drafts_keep_the_greedy_output_and_are_accepted_on_repeating_text(
     new = 16
     loop = [40, 41, 42, 43, 44] * 3  # a prompt that repeats: lookup has something to propose at once
     reqs = [GenerationRequest(prompt=p, max_tokens=new) for p in [loop, *prompts(3, seed=11)]]
-    speculator = Speculator(target, NgramDrafts(), 4)
+    speculator = Speculator(target, NgramDrafts(), 4, by_time=False)
     asyncio.run(serve(Engine(target, speculator=speculator), reqs, stagger_steps=1))
     for request in reqs:
         assert request.generated == alone(target, request.prompt, new)
@@ -181,7 +184,8 @@ def test_a_request_switched_off_no_longer_runs_the_draft_model(target, artifacts
     draft.decode = counting  # type: ignore[method-assign]
     request = GenerationRequest(prompt=[9, 10, 11], max_tokens=12)
     request.drafted = TRIAL_DRAFTS  # as if every draft of its trial had been refused
-    asyncio.run(serve(Engine(target, speculator=Speculator(target, DraftModel(draft, target), 4)), [request]))
+    asyncio.run(serve(Engine(target, speculator=Speculator(target, DraftModel(draft, target), 4, by_time=False)),
+                      [request]))
     assert request.generated == alone(target, [9, 10, 11], 12)
     assert stepped == [] and draft.slot_length(0) == 0  # prefilled once, then freed: no draft step at all
 
@@ -195,3 +199,39 @@ def test_the_speedup_is_predicted_from_the_plans_verify_steps(artifacts):
     older = dataclasses.replace(plan, prediction=dataclasses.replace(plan.prediction, verify=()))
     assert verify_step_s(older, 4) > verify_step_s(plan, 4)
     assert predicted_speedup(0.8, 4, older) < predicted_speedup(0.8, 4, plan)
+
+
+@pytest.mark.parametrize("draft_cost, verify_cost, stays_on", [(0.1, 1.5, True), (1.0, 2.0, False)])
+def test_a_draft_that_costs_more_time_than_it_saves_is_switched_off(artifacts, monkeypatch, draft_cost, verify_cost,
+                                                                    stays_on):
+    """The target drafts for itself (every draft accepted: 5 tokens a verification at k = 4) on a
+    clock that charges each sequence 1 for a plain step, `verify_cost` for a verification and
+    `draft_cost` for each draft step (4, then 1 to catch up): 0.1 and 1.5 cost 2 for 5 tokens,
+    worth it; 1.0 and 2.0 cost 7, more than 5 plain steps, so it stops after its trial drafts."""
+    target, draft = Session(artifacts["llama"]), Session(artifacts["llama"])
+    now = [0.0]
+
+    def charged(session: Session, name: str, cost: float) -> None:
+        original = getattr(session, name)
+
+        def step(slots, *args):
+            now[0] += cost * len(slots)
+            return original(slots, *args)
+
+        monkeypatch.setattr(session, name, step)
+
+    charged(target, "decode", 1.0)
+    charged(target, "extend_many", verify_cost)
+    charged(draft, "decode", draft_cost)
+    new = 30
+    request = GenerationRequest(prompt=[9, 10, 11], max_tokens=new)
+    speculator = Speculator(target, DraftModel(draft, target), 4, clock=lambda: now[0])
+    asyncio.run(serve(Engine(target, speculator=speculator), [request]))
+    assert request.generated == alone(target, [9, 10, 11], new)
+    assert speculator.plain_s == 1.0  # its first step decoded plainly, to time a plain step
+    assert speculator.speculating_s == pytest.approx(5 * draft_cost + verify_cost, rel=0.05)  # the last: fewer drafts
+    assert request.accepted_drafts == request.drafted
+    if stays_on:
+        assert request.drafted > 20
+    else:
+        assert request.drafted == TRIAL_DRAFTS and draft.slot_length(0) == 0  # and the draft was freed
