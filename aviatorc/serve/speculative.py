@@ -224,10 +224,12 @@ class Speculator:
         self.target, self.drafter, self.k, self.metrics = target, drafter, k, metrics
         self.by_time, self.clock = by_time, clock
         self.proposed = self.accepted = 0
-        # Seconds per sequence of a plain decode step and of a speculating one (drafts and their
-        # verification), as moving averages of what this machine took: None until one was timed.
-        self.plain_s: float | None = None
-        self.speculating_s: float | None = None
+        # What this machine took, as moving averages by the number of sequences n: a plain decode
+        # step of n, and the drafts and verification of n speculating (the cost of a step grows
+        # far less than n-fold here, so the two are compared at one n).
+        self.plain_at: dict[int, float] = {}
+        self.speculating_at: dict[int, float] = {}
+        self._speculated = 0  # the sequences of the last step that speculated
 
     @property
     def sessions(self) -> list[Session]:
@@ -244,31 +246,42 @@ class Speculator:
         until it has proposed TRIAL_DRAFTS; then one more than the run of acceptances expected
         per turn, a / (1 - a), up to k; 0 below MIN_ACCEPTANCE: it decodes plainly from then on,
         and a draft model no longer runs for it. With `by_time`, also 0 once a speculating step
-        costs a sequence more than the tokens its verifications have handed out per step
-        (1 + accepted / verifications) cost plainly: a draft that loses time is switched off."""
+        costs more than as many plain steps as its verifications have handed out tokens each
+        (1 + accepted / verifications; `speculating_cost`): a draft that loses time is switched off."""
         if request.drafted < TRIAL_DRAFTS:
             return self.k
         a = request.accepted_drafts / request.drafted
         if a < MIN_ACCEPTANCE:
             return 0
-        if self.by_time and self.plain_s and self.speculating_s and request.verifications:
-            if self.speculating_s > (1 + request.accepted_drafts / request.verifications) * self.plain_s:
-                return 0
+        cost = self.speculating_cost()
+        if cost is not None and request.verifications and cost > 1 + request.accepted_drafts / request.verifications:
+            return 0
         return self.k if a >= 1 else max(1, min(self.k, round(a / (1 - a)) + 1))
+
+    def speculating_cost(self) -> float | None:
+        """With `by_time`: a speculating step of the last step's speculating sequences over a plain
+        step of as many (between the sizes timed plainly: linear, past them: the nearest); None
+        before both were timed."""
+        n = self._speculated
+        if not self.by_time or n not in self.speculating_at or not self.plain_at:
+            return None
+        sizes = sorted(self.plain_at)
+        return self.speculating_at[n] / float(np.interp(n, sizes, [self.plain_at[m] for m in sizes]))
 
     async def step(self, engine: Engine, batch: Sequence[int]) -> None:
         """One turn for `batch` (the running slots): speculate for the greedy ones, decode the rest."""
         jobs: dict[int, Job] = {}
         plain: dict[int, int] = {}  # slot -> its last token
         constraints: dict[int, Constraint] = {}
+        probe = self.by_time and len(batch) not in self.plain_at  # a plain step of this many, to time it
         for slot in batch:
             request = engine.running[slot]
             length = len(request.prompt) + len(request.generated)  # the last token is not in the cache yet
             wanted = self.draft_length(request)
             if wanted == 0:  # switched off for good: the draft model stops following it too
                 self.drafter.free(slot)
-            elif self.by_time and self.plain_s is None and len(request.generated) == 1:
-                wanted = 0  # its first step decodes plainly until a plain step has been timed
+            elif probe:
+                wanted = 0
             k = min(wanted, request.max_tokens - len(request.generated) - 1, self.target.context - length - 1)
             if request.temperature == 0 and k >= 1:
                 jobs[slot] = (request.prompt + request.generated, k)
@@ -316,7 +329,7 @@ class Speculator:
             for slot, row in zip(slots, self.target.decode(slots, tokens)):
                 out[slot] = ([], row[None], 0, 0)
             plain_s = self.clock() - begun
-            self.plain_s = _average(self.plain_s, plain_s / len(slots))
+            self.plain_at[len(slots)] = _average(self.plain_at.get(len(slots)), plain_s)
         kept: dict[int, int] = {}
         verifying = sorted(slot for slot in jobs if drafts[slot])
         before = {slot: self.target.slot_length(slot) for slot in verifying}
@@ -338,7 +351,8 @@ class Speculator:
             kept[slot] = 1 + accepted
         self.drafter.settle(kept)
         if verifying:
-            self.speculating_s = _average(self.speculating_s, (self.clock() - started - plain_s) / len(verifying))
+            n = self._speculated = len(verifying)
+            self.speculating_at[n] = _average(self.speculating_at.get(n), self.clock() - started - plain_s)
         return out
 
 

@@ -228,8 +228,8 @@ def test_a_draft_that_costs_more_time_than_it_saves_is_switched_off(artifacts, m
     speculator = Speculator(target, DraftModel(draft, target), 4, clock=lambda: now[0])
     asyncio.run(serve(Engine(target, speculator=speculator), [request]))
     assert request.generated == alone(target, [9, 10, 11], new)
-    assert speculator.plain_s == 1.0  # its first step decoded plainly, to time a plain step
-    assert speculator.speculating_s == pytest.approx(5 * draft_cost + verify_cost, rel=0.05)  # the last: fewer drafts
+    assert speculator.plain_at == {1: 1.0}  # its first step decoded plainly, to time a plain step of one
+    assert speculator.speculating_at[1] == pytest.approx(5 * draft_cost + verify_cost, rel=0.05)  # the last: fewer drafts
     assert request.accepted_drafts == request.drafted
     if stays_on:
         assert request.drafted > 20
