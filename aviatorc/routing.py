@@ -18,9 +18,14 @@ Sources (`--routing`, `routing_for`):
 - measured: the routers' choices on calibration batches (`measure_routing`).
 
 `sample` draws one step's routing: per token, top_k distinct experts with inclusion
-probabilities exactly the shares (systematic sampling over a random order of the experts). The
-co-activation of experts (which fire together) is not modelled: tokens and their choices are
-independent beyond the shares.
+probabilities exactly the shares (systematic sampling over a random order of the experts).
+
+Co-activation (which experts a token picks together) comes with a block's `sets`: the
+distribution of a token's whole choice, as measured (`measure_routing` keeps the sets of up to
+MAX_SET_TOKENS tokens, a uniform sample of them) or given in a file (`"sets": [[[e1, e2], freq],
+...]`). A block with sets samples each token's choice from them, and its shares are theirs; two
+experts then fire in the same step with `fire_together`, not the product of their chances. Tokens
+stay independent of each other. Without sets, a token's experts are independent beyond the shares.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +44,34 @@ from aviatorc.errors import ModelFormatError, OptionError
 from aviatorc.ir import Graph
 
 ROUTING_KINDS = ("uniform", "zipf:S", "FILE.json")
+MAX_SET_TOKENS = 4096  # tokens whose expert sets a measured routing keeps per block (a uniform sample)
+
+ExpertSet = tuple[tuple[int, ...], float]  # the experts one token picks, and how often a token picks them
 
 
 @dataclass(frozen=True)
 class BlockRouting:
-    """One MoE block's routing: per expert, the probability that a token routes to it."""
+    """One MoE block's routing: per expert, the probability that a token routes to it; with
+    `sets`, the distribution of a token's whole choice (co-activation), whose shares these are."""
 
     layer: int
     top_k: int
     shares: tuple[float, ...]
+    sets: tuple[ExpertSet, ...] = ()
+
+    @staticmethod
+    def from_sets(layer: int, top_k: int, experts: int, sets: Sequence[ExpertSet]) -> BlockRouting:
+        """A block whose tokens pick `sets` (frequencies normalised to sum to 1), in a canonical
+        order (so equal inputs give equal plans)."""
+        total = sum(freq for _, freq in sets)
+        merged: dict[tuple[int, ...], float] = {}
+        for chosen, freq in sets:
+            key = tuple(sorted(chosen))
+            merged[key] = merged.get(key, 0.0) + freq / total
+        shares = np.zeros(experts)
+        for chosen, freq in merged.items():
+            shares[list(chosen)] += freq
+        return BlockRouting(layer, top_k, tuple(float(v) for v in shares), tuple(sorted(merged.items())))
 
     @property
     def experts(self) -> int:
@@ -56,6 +81,24 @@ class BlockRouting:
         """The probability that `expert` runs in a step of `tokens` tokens."""
         return 1.0 - (1.0 - self.shares[expert]) ** tokens
 
+    def pair_share(self, a: int, b: int) -> float:
+        """The probability that one token routes to both `a` and `b` (without sets: as if apart)."""
+        if not self.sets:
+            return self.shares[a] * self.shares[b]
+        return float(self._pairs[a, b])
+
+    @cached_property
+    def _pairs(self) -> np.ndarray:
+        pairs = np.zeros((self.experts, self.experts))
+        for chosen, freq in self.sets:
+            pairs[np.ix_(chosen, chosen)] += freq
+        return pairs
+
+    def fire_together(self, a: int, b: int, tokens: int) -> float:
+        """The probability that both `a` and `b` run in a step of `tokens` tokens."""
+        neither = max(0.0, 1.0 - self.shares[a] - self.shares[b] + self.pair_share(a, b))
+        return max(0.0, 1.0 - (1.0 - self.shares[a]) ** tokens - (1.0 - self.shares[b]) ** tokens + neither ** tokens)
+
     def expected_active(self, tokens: int) -> float:
         return sum(self.fires(e, tokens) for e in range(self.experts))
 
@@ -63,6 +106,11 @@ class BlockRouting:
         """Tokens routed to each expert in one step of `tokens` tokens (each token: top_k distinct experts)."""
         shares = np.asarray(self.shares)
         counts = np.zeros(self.experts, dtype=np.int64)
+        if self.sets:
+            picks = rng.choice(len(self.sets), size=tokens, p=np.asarray([freq for _, freq in self.sets]))
+            for pick in picks:
+                counts[list(self.sets[pick][0])] += 1
+            return counts
         for _ in range(tokens):
             order = rng.permutation(self.experts)
             edges = np.cumsum(shares[order])
@@ -90,6 +138,7 @@ class Routing:
         """The report's form, which `--routing FILE.json` reads back."""
         return {"source": self.source,
                 "layers": {str(b.layer): {"top_k": b.top_k, "shares": [round(s, 6) for s in b.shares]}
+                           | ({"sets": [[list(chosen), round(freq, 8)] for chosen, freq in b.sets]} if b.sets else {})
                            for b in self.blocks}}
 
 
@@ -198,6 +247,10 @@ def _from_file(path: Path, blocks: Sequence[MoEBlock]) -> Routing:
     found = []
     for block in blocks:
         entry = layers.get(str(block.layer))
+        if isinstance(entry, dict) and entry.get("sets") is not None:
+            found.append(BlockRouting.from_sets(block.layer, block.top_k, block.experts,
+                                                _sets(path, block, entry["sets"])))
+            continue
         if isinstance(entry, dict):
             entry = entry.get("shares")
         if entry is None:
@@ -214,6 +267,25 @@ def _from_file(path: Path, blocks: Sequence[MoEBlock]) -> Routing:
     return Routing(f"file:{path.name}", tuple(found))
 
 
+def _sets(path: Path, block: MoEBlock, raw: Any) -> list[ExpertSet]:
+    """A file's expert sets for `block`: [[experts], frequency or count] each, top_k distinct
+    experts of the block, a frequency above 0."""
+    where = f"{path}: layer {block.layer} sets"
+    if not isinstance(raw, list) or not raw:
+        raise ModelFormatError(f"{where} must be a non-empty list of [[experts], frequency]")
+    out: list[ExpertSet] = []
+    for i, item in enumerate(raw):
+        ok = isinstance(item, list) and len(item) == 2 and isinstance(item[0], list) and \
+            isinstance(item[1], (int, float)) and not isinstance(item[1], bool) and math.isfinite(item[1]) and item[1] > 0
+        chosen = item[0] if ok else []
+        if not ok or len(chosen) != block.top_k or len(set(map(repr, chosen))) != block.top_k or not all(
+                isinstance(e, int) and not isinstance(e, bool) and 0 <= e < block.experts for e in chosen):
+            raise ModelFormatError(f"{where}[{i}] must be [[{block.top_k} distinct experts of 0..{block.experts - 1}], "
+                                   "a frequency above 0]")
+        out.append((tuple(chosen), float(item[1])))
+    return out
+
+
 def measure_routing(graph: Graph, blocks: Sequence[MoEBlock], batches: Sequence[Mapping[str, Any]]) -> Routing:
     """The shares the routers choose on `batches` (feed dicts): each expert's routed tokens over
     all tokens. An expert no token reaches keeps a floor of a hundredth of a uniform share, so it is
@@ -222,18 +294,24 @@ def measure_routing(graph: Graph, blocks: Sequence[MoEBlock], batches: Sequence[
 
     routers = {b.router for b in blocks}
     names = {node.name: node.outputs[0].name for node in graph.nodes if node.name in routers}
-    counts = {b.router: np.zeros(b.experts) for b in blocks}
-    tokens = 0
+    choices: dict[str, list[np.ndarray]] = {b.router: [] for b in blocks}  # per batch, each token's routed mask
     for feeds in batches:
         kept = evaluate(graph, feeds, keep=list(names.values()), only_kept=True)
         for b in blocks:
-            routed = kept[names[b.router]].reshape(-1, b.experts) != 0
-            counts[b.router] += routed.sum(axis=0)
-        tokens += kept[names[blocks[0].router]].reshape(-1, blocks[0].experts).shape[0]
+            choices[b.router].append(kept[names[b.router]].reshape(-1, b.experts) != 0)
+    tokens = sum(len(mask) for mask in choices[blocks[0].router])
+    keep = np.sort(np.random.default_rng(0).permutation(tokens)[:MAX_SET_TOKENS])  # the tokens whose sets are kept
     found = []
     for b in blocks:
+        routed = np.concatenate(choices[b.router])
         floor = 0.01 * b.top_k / b.experts * max(1, tokens)
-        found.append(BlockRouting(b.layer, b.top_k, capped_shares(np.maximum(counts[b.router], floor), b.top_k)))
+        if np.any(routed.sum(axis=0) < floor) or np.any(routed.sum(axis=1) != b.top_k):
+            # An expert no token reached keeps a floor, so it is still planned for; that is no set of
+            # tokens, so such a block keeps its shares alone (as one whose tokens picked fewer experts).
+            found.append(BlockRouting(b.layer, b.top_k, capped_shares(np.maximum(routed.sum(axis=0), floor), b.top_k)))
+            continue
+        picked = [tuple(int(e) for e in np.flatnonzero(row)) for row in routed[keep]]
+        found.append(BlockRouting.from_sets(b.layer, b.top_k, b.experts, [(chosen, 1.0) for chosen in picked]))
     return Routing(f"measured on {tokens} calibration tokens", tuple(found))
 
 

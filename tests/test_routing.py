@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from aviatorc.partition.weights import weights_from_graph
 from aviatorc.routing import (
     BlockRouting,
     MoEBlock,
+    Routing,
     capped_shares,
     measure_prediction,
     measure_routing,
@@ -86,6 +88,11 @@ def test_a_routing_file_round_trips_through_the_report_form(tmp_path):
     ('{"layers": {"0": [1, 1], "3": [1, 1]}}', "layer 0 must give 8 numbers"),
     ('[1, 2]', "an object with 'layers'"),
     ('{"layers": {', "not JSON"),
+    ('{"layers": {"0": {"sets": [[[0, 0], 1]]}, "3": [1] * 8}}'.replace("[1] * 8", "[1, 1, 1, 1, 1, 1, 1, 1]"),
+     r"layer 0 sets\[0\] must be \[\[2 distinct experts"),
+    ('{"layers": {"0": {"sets": [[[0, 9], 1]]}, "3": [1, 1, 1, 1, 1, 1, 1, 1]}}', r"of 0..7\], a frequency"),
+    ('{"layers": {"0": {"sets": [[[0, 1], -1]]}, "3": [1, 1, 1, 1, 1, 1, 1, 1]}}', "a frequency above 0"),
+    ('{"layers": {"0": {"sets": []}, "3": [1, 1, 1, 1, 1, 1, 1, 1]}}', "non-empty list"),
 ])
 def test_a_bad_routing_file_is_refused_naming_the_file_and_what_is_wrong(tmp_path, text, message):
     path = tmp_path / "bad.json"
@@ -93,6 +100,30 @@ def test_a_bad_routing_file_is_refused_naming_the_file_and_what_is_wrong(tmp_pat
     with pytest.raises(ModelFormatError, match=message) as error:
         routing_for(str(path), BLOCKS)
     assert "bad.json" in str(error.value)
+
+
+def test_experts_that_co_fire_are_sampled_together_and_round_trip_through_a_file(tmp_path):
+    """A block whose tokens always pick the pairs (0, 4), (1, 5), (2, 6), (3, 7), 0 and 4 most:
+    sampled steps route to both of a pair or neither, at the pairs' frequencies, and fire_together
+    agrees; the shares are the sets'; the report form writes the sets and reads them back."""
+    pairs = [((0, 4), 4.0), ((1, 5), 2.0), ((2, 6), 1.0), ((3, 7), 1.0)]
+    block = BlockRouting.from_sets(0, 2, 8, pairs)
+    assert block.shares == pytest.approx((0.5, 0.25, 0.125, 0.125) * 2)
+    rng = np.random.default_rng(3)
+    steps = np.array([block.sample(rng, 2) > 0 for _ in range(4000)])
+    assert np.array_equal(steps[:, :4], steps[:, 4:])  # a pair fires whole or not at all
+    assert steps[:, 0].mean() == pytest.approx(block.fires(0, 2), abs=0.03)
+    together = (steps[:, 0] & steps[:, 1]).mean()
+    assert together == pytest.approx(block.fire_together(0, 1, 2), abs=0.03)
+    assert block.fire_together(0, 4, 2) == pytest.approx(block.fires(0, 2))  # always with its partner
+    apart = BlockRouting(0, 2, block.shares)  # the same shares, choices independent
+    assert apart.fire_together(1, 5, 2) < 0.5 * block.fire_together(1, 5, 2)
+    routing = Routing("test", (block, routing_for("uniform", BLOCKS).blocks[1]))
+    path = tmp_path / "sets.json"
+    path.write_text(json.dumps(routing.to_dict()))
+    again = routing_for(str(path), BLOCKS)
+    assert again.blocks[0].sets == block.sets and again.blocks[0].shares == pytest.approx(block.shares)
+    assert again.blocks[1].sets == ()
 
 
 @pytest.mark.parametrize("spec", ["zipf:x", "zipf:-1", "normal", "missing.json"])
@@ -119,6 +150,15 @@ def test_measured_routing_counts_the_experts_transformers_routes_to(tmp_path):
         got = np.asarray(block.shares)
         assert np.abs(got - np.maximum(want, floor) * 2 / np.maximum(want, floor).sum()).max() < 1e-9
     assert measured.source == "measured on 18 calibration tokens"
+    # Enough tokens that each expert is reached: the sets the routers chose are kept, exactly.
+    tokens = np.random.default_rng(1).integers(3, zoo.VOCAB_SIZE, (4, 32))
+    measured = measure_routing(graph, blocks, [{"input_ids": tokens}])
+    with torch.no_grad():
+        out = model(input_ids=torch.from_numpy(tokens), use_cache=False, output_router_logits=True)
+    for block, logits in zip(measured.blocks, out.router_logits, strict=True):
+        chosen = torch.topk(torch.softmax(logits.float(), dim=-1), 2, dim=-1).indices.numpy()
+        want = Counter(tuple(sorted(int(e) for e in row)) for row in chosen)
+        assert {s: f * len(chosen) for s, f in block.sets} == pytest.approx(dict(want))
 
 
 def test_the_measured_prediction_hit_rate_is_transformers_own_routers_one_block_ahead(tmp_path):

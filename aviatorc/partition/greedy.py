@@ -240,6 +240,24 @@ def _place_in_block(problem: Problem, tiles: Sequence[int], free_bytes: Sequence
     return where
 
 
+def _given_it_fires(problem: Problem, t: int, where: Sequence[int], stream: Sequence[int]) -> Sequence[float]:
+    """Each channel's expected streaming, with co-activation known (`Problem.cofiring`) plus what
+    the experts of tile t's layer that fire with it more often than apart add in the steps that
+    run it. (Experts that fire with it less often are not counted as lighter: that would pile a
+    step's others onto a few channels, balanced only for one token.)"""
+    cofiring = problem.cofiring(t)
+    if not cofiring:
+        return stream
+    num_c, layer = problem.num_chiplets, problem.tiles[t].layer
+    load = [float(v) for v in stream]
+    for other in problem.expert_tiles_of(layer):
+        tile = problem.tiles[other]
+        if where[other] >= num_c and cofiring.get(tile.expert, 0.0) > 0:
+            raw = problem.stream_ps[other] / problem.fires_of(problem.group_of[other])
+            load[where[other] - num_c] += cofiring[tile.expert] * raw
+    return load
+
+
 def _fill(problem: Problem, tiles: Sequence[int], where: list[int], free: list[int], stream: list[int],
           block: range, channels: Sequence[int] | None = None) -> None:
     """Place `tiles` in `block` (updating `where`, `free` and `stream` in place); what does not
@@ -270,7 +288,8 @@ def _fill(problem: Problem, tiles: Sequence[int], where: list[int], free: list[i
             tile = problem.tiles[t]
             taken = spread.setdefault((tile.layer, tile.expert), set()) \
                 if problem.fires_of(problem.group_of[t]) < 1.0 else set()
-            h = min(channels or problem.stream_channels, key=lambda h: (h in taken, stream[h], h not in near, h))
+            load_of = _given_it_fires(problem, t, where, stream)
+            h = min(channels or problem.stream_channels, key=lambda h: (h in taken, load_of[h], h not in near, h))
             where[t] = num_c + h
             stream[h] += problem.stream_ps[t]
             taken.add(h)

@@ -95,6 +95,32 @@ class Problem:
     group_home: tuple[int, ...] = ()  # group -> its layer's home chiplet, -1 for none (empty: no homes given)
     cold: frozenset[int] = frozenset()  # expert tiles the routing leaves out of SRAM (`cold_experts`)
     group_fires: tuple[float, ...] = ()  # group -> the probability a step runs it (empty: always)
+    routing: Routing | None = None  # what the expert costs came from
+
+    def cofiring(self, tile: int) -> dict[int, float] | None:
+        """For an expert tile of a block whose routing knows co-activation (`BlockRouting.sets`):
+        each other expert of its layer -> the probability it runs in a step given that this
+        tile's expert runs, less its probability unconditioned (what the tile's channel adds when
+        they share one). None without co-activation."""
+        tile_ = self.tiles[tile]
+        block = self.routing.of_layer(tile_.layer) if self.routing is not None and tile_.expert >= 0 else None
+        if block is None or not block.sets:
+            return None
+        e, tokens = tile_.expert, self.batch_tokens
+        fires = block.fires(e, tokens)
+        return {other: block.fire_together(e, other, tokens) / fires - block.fires(other, tokens)
+                for other in range(block.experts) if other != e and fires > 0}
+
+    def expert_tiles_of(self, layer: int) -> tuple[int, ...]:
+        return self._expert_tiles.get(layer, ())
+
+    @cached_property
+    def _expert_tiles(self) -> dict[int, tuple[int, ...]]:
+        found: dict[int, list[int]] = {}
+        for t, tile in enumerate(self.tiles):
+            if tile.expert >= 0:
+                found.setdefault(tile.layer, []).append(t)
+        return {layer: tuple(ts) for layer, ts in found.items()}
 
     def fires_of(self, group: int) -> float:
         """The probability that a step runs `group` (an expert's: its routing's; else 1): what its
@@ -253,6 +279,7 @@ def build_problem(tiles: Sequence[Tile], target: Target, *, batch_tokens: int = 
         group_home=tuple(homes.get(order[g][0], -1) for g in groups) if homes else (),
         cold=cold_experts(tiles, tile_bytes, read, sum(capacity)) if routing is not None else frozenset(),
         group_fires=tuple(fires.get(g, 1.0) for g in groups) if fires else (),
+        routing=routing,
     )
 
 

@@ -302,3 +302,28 @@ def test_a_rarely_routed_experts_strips_stream_from_channels_of_their_own():
     stacked = [num_c if t in strips else -1 for t in range(len(problem.tiles))]
     assert fired_stream_ps(problem, where, strips) < fired_stream_ps(problem, stacked, strips)
     assert group_cost_ps(problem, stacked, strips) > group_cost_ps(problem, where, strips)
+
+
+@pytest.mark.parametrize("known", [True, False])
+def test_experts_that_fire_together_stream_from_different_channels(known):
+    """Eight experts of one strip each, over four channels; a token picks two, always the pairs
+    (0, 4), (1, 5), (2, 6), (3, 7). By expected bytes alone (every expert one step in four) the
+    greedy deals them round the channels, 0 and 4 on one: whenever 0 runs, 4 runs after it on
+    the same channel. Told the pairs (the routing's sets), each goes where its partner is not."""
+    from aviatorc.partition.greedy import _fill
+    from aviatorc.routing import BlockRouting, Routing
+
+    target = load_target("mock", overrides={"card.lpddr_attach": "chiplet"})
+    weights = [WeightSpec(f"e{e}", 0, "linear", 256, 256, WeightFormat("int8"), input=f"x{e}", expert=e)
+               for e in range(8)]
+    pairs = [((e, e + 4), 0.25) for e in range(4)]
+    block = BlockRouting.from_sets(0, 2, 8, pairs) if known else BlockRouting(0, 2, (0.25,) * 8)
+    problem = make_problem(weights, target, tiles_per_weight=1, routing=Routing("test", (block,)))
+    assert len(problem.tiles) == 8 and len(problem.stream_channels) == 4
+    num_c = problem.num_chiplets
+    where = [-1] * 8
+    _fill(problem, list(range(8)), where, [0] * num_c, [0] * 4, range(0))
+    channel = {problem.tiles[t].expert: where[t] - num_c for t in range(8)}
+    apart = [channel[e] != channel[e + 4] for e in range(4)]
+    assert all(apart) if known else not any(apart)
+    assert sorted(channel.values()) == [0, 0, 1, 1, 2, 2, 3, 3]  # balanced either way

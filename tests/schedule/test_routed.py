@@ -356,3 +356,22 @@ def test_streamed_experts_cut_in_strips_load_from_every_channel(tmp_path, monkey
     assert cut.plan.prediction.bound.token_s == pytest.approx(whole.plan.prediction.bound.token_s,
                                                                       rel=1e-3)
     assert cut.plan.prediction.time_per_token_s < 0.5 * whole.plan.prediction.time_per_token_s
+
+
+def test_a_routing_file_with_co_activation_plans_with_it_and_reports_it(config, tmp_path):
+    """Tokens that pick experts 0 and 4 or 1 and 5 (of 8, top 2), half the time each: the compile
+    samples each step's tokens from those sets (a step of one token runs exactly one pair), and its
+    report keeps them, so the file it wrote plans the same again."""
+    sets = [[[0, 4], 1], [[1, 5], 1]]
+    path = tmp_path / "sets.json"
+    path.write_text(json.dumps({"layers": {"0": {"sets": sets}, "1": {"sets": sets}}}))
+    result = aviatorc.compile(str(config), target=load_target("mock", overrides=TIGHT), routing=str(path), **WORKLOAD)
+    layers = result.report.data["routing"]["layers"]
+    assert [block["sets"] for block in layers.values()] == [[[[0, 4], 0.5], [[1, 5], 0.5]]] * 2
+    assert layers["0"]["shares"] == [0.5, 0.5, 0, 0, 0.5, 0.5, 0, 0]
+    assert result.plan.prediction.routing.experts_per_step == pytest.approx(2 * 2)  # one pair per layer, 2 layers
+    again_path = tmp_path / "again.json"
+    again_path.write_text(json.dumps(result.report.data["routing"]))
+    again = aviatorc.compile(str(config), target=load_target("mock", overrides=TIGHT), routing=str(again_path),
+                             **WORKLOAD)
+    assert again.plan.prediction.routing.mean_s == result.plan.prediction.routing.mean_s
