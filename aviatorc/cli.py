@@ -303,6 +303,11 @@ def _parser() -> argparse.ArgumentParser:
                    "model) or self (the same model at INT4: --draft, else compiled from its source at start); "
                    "default: draft when --draft is given")
     p.add_argument("--num-speculative-tokens", type=int, default=4, metavar="K", help="draft tokens per step")
+    p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH", help="a PEFT LoRA adapter (its folder: "
+                   "adapter_config.json, adapter_model.safetensors) beside the first artifact, which requests with "
+                   "model NAME run; repeat for more")
+    p.add_argument("--enable-lora", action="store_true", help="run LoRA adapters beside the first artifact, loaded "
+                   "and unloaded over HTTP as well (POST /v1/load_lora_adapter, /v1/unload_lora_adapter)")
     p.add_argument("--enable-prefix-caching", action="store_true", help="reuse the KV cache of prompt blocks "
                    "(16 tokens each) that earlier requests computed: a shared system prompt is prefilled once")
     p.add_argument("--prefix-cache-tokens", type=int, default=None, metavar="N", help="tokens the prefix cache keeps "
@@ -734,9 +739,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
                             request_timeout_s=args.request_timeout, draft=args.draft,
                             speculative_method=args.speculative_method, num_speculative_tokens=args.num_speculative_tokens,
                             prefix_cache_tokens=_prefix_cache_tokens(args),
-                            max_num_batched_tokens=args.max_num_batched_tokens)
+                            max_num_batched_tokens=args.max_num_batched_tokens, loras=_loras(args.lora),
+                            enable_lora=args.enable_lora)
     serve(specs, options, host=args.host, port=args.port, log_level=args.log_level, limits=limits)
     return 0
+
+
+def _loras(given: list[str]) -> tuple[tuple[str, str], ...]:
+    """--lora NAME=PATH, each once."""
+    out: dict[str, str] = {}
+    for item in given:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise OptionError(f"--lora takes NAME=PATH, not '{item}'", hint="for example --lora sql=adapters/sql")
+        if name in out:
+            raise OptionError(f"--lora names '{name}' twice")
+        out[name] = path
+    return tuple(out.items())
 
 
 def _prefix_cache_tokens(args: argparse.Namespace) -> int | None:

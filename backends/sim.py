@@ -130,6 +130,9 @@ class SimBackend:
         self.attrs = {n.name: self._attrs(n) for n in graph.nodes}
         self.kernels = {n.name: get_op(n.op).kernel for n in graph.nodes}
         self.precedence = Precedence()  # a session shares one across its programs' backends
+        # LoRA adapters (`aviatorc.runtime.lora.Adapters`), set by a session that runs them: each
+        # MatMul strip then adds the low-rank products of its step's sequences' adapters.
+        self.lora: Any = None
         # Mixture of experts: each expert's nodes and weights, to run (and load) only routed experts.
         self.expert_of: dict[str, ExpertRef] = {n.name: ref for n, ref in expert_nodes(graph).items()}
         self.expert_of_tile: dict[int, ExpertRef] = {  # by the nodes reading it: a quantized weight's too
@@ -542,7 +545,11 @@ class _Run(StreamInterpreter):
             raise self.fault(c, step, "bad-part", f"columns [{start}, {stop}) lie outside tile t{tile}'s "
                              f"[{n0}, {n1})")
         x = self._slot(c, step, self._input_name(node, 0))
-        return self._strip_product(c, buf, x, tile, start - n0, stop - n0, self._weight_dtype(node, 1))
+        out = self._strip_product(c, buf, x, tile, start - n0, stop - n0, self._weight_dtype(node, 1))
+        lora = self.b.lora
+        if lora is not None and node.name in lora.nodes:
+            out = self._apply(lora.add, (self.b.program.phase, node.name, start, stop), (out, x))
+        return out
 
     def _strip_product(self, c: int, buf: str, x: int, tile: int, a: int, b: int, dtype: np.dtype) -> int:
         """The slot of env[x] @ columns [a, b) of the tile in buffer `buf`: the kernel of a MatMul

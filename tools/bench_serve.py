@@ -133,9 +133,11 @@ def load(url: str, prompts: list[str], new_tokens: int, extra: dict[str, Any] | 
                 stamps += [time.perf_counter()] * len(new)
                 ids += new
                 finish = choice.finish_reason or finish
-            rows[index] = {"ok": finish == "length" and len(ids) == new_tokens, "ids": ids,
-                           "ttft_s": stamps[0] - sent,
+            ok = finish == "length" and len(ids) == new_tokens
+            rows[index] = {"ok": ok, "ids": ids, "ttft_s": stamps[0] - sent,
                            "tpot_s": (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else 0.0}
+            if not ok:
+                rows[index]["error"] = f"finished by {finish!r} after {len(ids)} of {new_tokens} tokens"
         except Exception as error:  # noqa: BLE001 - a failed request is a result to report
             rows[index] = {"ok": False, "error": f"{type(error).__name__}: {error}"}
 
@@ -279,6 +281,7 @@ def ngram_and_prefix(source: Path, work: Path, new_tokens: int) -> dict[str, Any
     plain, ngram = runs["plain"], runs["ngram"]
     plan = load_artifact(plan_path).plan
     speculation = per_verification(ngram, plan) | {"acceptance": ngram["acceptance"], "drafted": ngram["drafted"],
+                                                    "verifications": ngram["verifications"],
                    "same_tokens_as_plain": sum(a == b for a, b in zip(plain.pop("ids"), ngram.pop("ids"))),
                    "requests": len(REPEATING), "plain_tokens_per_s": plain["tokens_per_s"],
                    "ngram_tokens_per_s": ngram["tokens_per_s"], "measured_speedup": ngram["tokens_per_s"] / plain["tokens_per_s"],
@@ -401,6 +404,8 @@ def main() -> None:
         print(f"compiling the draft (the first {DRAFT_LAYERS} layers) ...", flush=True)
         truncated_draft(source, draft, DRAFT_LAYERS, clients, context)
         speculative = speculate(target, draft, source, prompts, new_tokens, sequential, served)
+        if speculative["errors"]:
+            print(f"  errors: {speculative['errors'][:3]}", flush=True)
         print(f"  speculative ({DRAFT_LAYERS}-layer draft, k=4): acceptance {speculative['acceptance']:.3f}, "
               f"{speculative['tokens_per_s']:.1f} tok/s ({speculative['speedup_vs_served']:.2f}x plain serving here), "
               f"predicted on the target {speculative['predicted_speedup']:.2f}x", flush=True)
@@ -409,6 +414,8 @@ def main() -> None:
         compile_plan(source, own, "int4", clients, context)
         self_draft = speculate(target, own, source, prompts, new_tokens, sequential, served,
                                "--speculative-method", "self")
+        if self_draft["errors"]:
+            print(f"  errors: {self_draft['errors'][:3]}", flush=True)
         print(f"  speculative (INT4 self draft, k=4): acceptance {self_draft['acceptance']:.3f}, "
               f"{self_draft['tokens_per_s']:.1f} tok/s ({self_draft['speedup_vs_served']:.2f}x plain serving here), "
               f"predicted on the target {self_draft['predicted_speedup']:.2f}x", flush=True)

@@ -58,6 +58,7 @@ from aviatorc.plan.artifact import Artifact, load
 from aviatorc.runtime.cache import CacheLayout, find_cache, static_reason
 from aviatorc.runtime.errors import NotRunnableError, RuntimeInputError
 from aviatorc.runtime.kvstore import DenseKV, Int8KV, KVEntry
+from aviatorc.runtime.lora import Adapters
 from aviatorc.runtime.sampling import check_sampling, sample
 from aviatorc.target import Target
 
@@ -73,6 +74,7 @@ class _Sequence:
     cache: dict[str, KVEntry]
     length: int
     seen: int
+    adapter: str | None = None  # the LoRA adapter it runs with (None: the base alone)
 
     @property
     def evicted(self) -> bool:
@@ -138,7 +140,7 @@ class Session:
     `CompileResult` (saved to a temporary artifact first: one loading path for all three)."""
 
     def __init__(self, source: str | os.PathLike[str] | Artifact | SavesArtifact, device: str = "sim", *,
-                 world: int = 1, timeout_s: float = 60.0, replay: bool = True) -> None:
+                 world: int = 1, timeout_s: float = 60.0, replay: bool = True, lora: bool = False) -> None:
         if device not in DEVICES:
             raise OptionError(f"unknown device '{device}'", hint=f"choose one of {', '.join(DEVICES)}")
         if world < 1:
@@ -179,6 +181,15 @@ class Session:
             self._cluster = open_cluster(self.artifact, self.graph, self.target, self.weights, world, timeout_s=timeout_s)
             self._backends = {phase: self._cluster.backend(phase) for phase in self._backends}
         self._backend = self._backends[RUN_PHASE]
+        # LoRA adapters beside the base (`aviatorc.runtime.lora`): `load_adapter`, then a slot's prefill names one.
+        self.adapters: Adapters | None = None
+        if lora:
+            if device != "sim" or world > 1:
+                raise NotRunnableError("LoRA adapters run on the sim backend of one card only",
+                                       hint="Session(artifact, lora=True) without device or world")
+            self.adapters = Adapters(self.graph)
+            for phase_backend in self._backends.values():
+                phase_backend.lora = self.adapters
         self._predicted: dict[str, float] | None = None
         self.stats: RunStats | None = None
         self.experts: dict[str, ExpertTally] = {}  # by phase, since the session started
@@ -237,9 +248,17 @@ class Session:
         a rule; either way nothing half-run is returned."""
         return self._execute(self._check_feeds(feeds), RUN_PHASE)
 
-    def _execute(self, arrays: dict[str, np.ndarray], phase: str) -> dict[str, np.ndarray]:
+    def _execute(self, arrays: dict[str, np.ndarray], phase: str,
+                 adapters: Sequence[str | None] = ()) -> dict[str, np.ndarray]:
+        """Run `phase`'s program; `adapters`: the LoRA adapter of each sequence of the batch."""
         start = time.perf_counter()
-        outputs, counts = self._backends[phase].run(arrays)
+        if self.adapters is not None:
+            self.adapters.rows[phase] = adapters
+        try:
+            outputs, counts = self._backends[phase].run(arrays)
+        finally:
+            if self.adapters is not None:
+                self.adapters.rows.pop(phase, None)
         wall_s = time.perf_counter() - start
         predicted = self._predictions()
         self.stats = RunStats(phase, wall_s, counts.instructions, counts.bytes_loaded, counts.bytes_sent,
@@ -262,14 +281,15 @@ class Session:
         """The most tokens (prompt and generated) one sequence may hold: the plan's context."""
         return self.artifact.programs[RUN_PHASE].workload.context
 
-    def prefill(self, slot: int, ids: Any) -> np.ndarray:
-        """Start sequence `slot` with prompt `ids` (1-D token ids); the logits after its last token."""
+    def prefill(self, slot: int, ids: Any, *, adapter: str | None = None) -> np.ndarray:
+        """Start sequence `slot` with prompt `ids` (1-D token ids); the logits after its last token.
+        `adapter`: a loaded LoRA adapter the sequence runs with from then on (`load_adapter`)."""
         if not 0 <= slot < self.num_slots:
             raise OptionError(f"slot {slot} is out of range: the plan has {self.num_slots} KV slots (0..{self.num_slots - 1})",
                               hint="compile with a larger --batch for more slots")
         if slot in self._slots:
             raise OptionError(f"slot {slot} is in use", hint="free it first")
-        sequence = _Sequence(self._empty_cache(), length=0, seen=0)
+        sequence = _Sequence(self._empty_cache(), length=0, seen=0, adapter=self._adapter(adapter))
         logits = self._step(sequence, self._prompt(ids), "prefill")
         self._slots[slot] = sequence
         return logits
@@ -308,7 +328,8 @@ class Session:
         return {pair.past: np.array(sequence.cache[pair.past].window(start, stop).dense())
                 for pair in self._require_cache().pairs}
 
-    def resume(self, slot: int, cache: Mapping[str, np.ndarray], length: int, ids: Any) -> np.ndarray:
+    def resume(self, slot: int, cache: Mapping[str, np.ndarray], length: int, ids: Any, *,
+               adapter: str | None = None) -> np.ndarray:
         """Start sequence `slot` from a cached prefix of `length` tokens (as `prefix` gave it,
         concatenated), then run the rest of its prompt `ids` after it: the logits after its last
         token, as `prefill` of the whole prompt gives them (up to float rounding)."""
@@ -318,10 +339,33 @@ class Session:
         if {p.past for p in layout.pairs} != set(cache) or any(
                 cache[p.past].shape[p.axis] != length for p in layout.pairs):
             raise OptionError(f"a cached prefix must hold {length} positions of every cache input")
-        sequence = _Sequence({p.past: self._stored(np.array(cache[p.past]), p.axis) for p in layout.pairs}, length=length, seen=length)
+        sequence = _Sequence({p.past: self._stored(np.array(cache[p.past]), p.axis) for p in layout.pairs},
+                             length=length, seen=length, adapter=self._adapter(adapter))
         logits = self._step(sequence, self._prompt(ids), "prefill")
         self._slots[slot] = sequence
         return logits
+
+    def load_adapter(self, name: str, path: str | os.PathLike[str]) -> None:
+        """Load the PEFT LoRA adapter in folder `path` under `name`; the base is not touched."""
+        if self.adapters is None:
+            raise OptionError("this session runs no LoRA adapters", hint="open it with Session(artifact, lora=True)")
+        self.adapters.load(name, path)
+
+    def unload_adapter(self, name: str) -> None:
+        """Drop adapter `name` (refused while a slot runs it)."""
+        users = sorted(slot for slot, s in self._slots.items() if s.adapter == name)
+        if users:
+            raise OptionError(f"adapter '{name}' is in use by slot(s) {users}", hint="free them first")
+        if self.adapters is None:
+            raise OptionError(f"no adapter named '{name}' is loaded")
+        self.adapters.unload(name)
+
+    def _adapter(self, name: str | None) -> str | None:
+        if name is not None and (self.adapters is None or name not in self.adapters.loaded):
+            loaded = sorted(self.adapters.loaded) if self.adapters is not None else []
+            raise OptionError(f"no LoRA adapter named '{name}' is loaded",
+                              hint=f"loaded: {', '.join(loaded)}" if loaded else "load it with load_adapter first")
+        return name
 
     def cache_bytes(self, slot: int) -> int:
         """Bytes `slot`'s KV cache holds in this process (int8 codes and scales under `--kv-dtype int8`)."""
@@ -380,7 +424,8 @@ class Session:
         return tuple(int(t) for t in text.split(",") if t.strip())
 
     def generate(self, input_ids: Any, max_new_tokens: int, *, eos_token_id: int | Sequence[int] | None = None,
-                 temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None) -> np.ndarray:
+                 temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
+                 adapter: str | None = None) -> np.ndarray:
         """The prompt followed by up to `max_new_tokens` generated ids (1-D), as `transformers`'
         `generate` returns them; stops after an end-of-sequence id: `eos_token_id`, or by default the
         model's own (`eos_token_ids`, as `aviatorc generate` does); `eos_token_id=()` never stops early.
@@ -394,7 +439,7 @@ class Session:
             eos_token_id = self.eos_token_ids
         stops = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
         rng = np.random.default_rng(seed)
-        sequence = _Sequence(self._empty_cache(), length=0, seen=0)
+        sequence = _Sequence(self._empty_cache(), length=0, seen=0, adapter=self._adapter(adapter))
         generated: list[int] = []
         started = time.perf_counter()
         first = started
@@ -467,7 +512,7 @@ class Session:
             feeds[layout.attention_mask] = np.ones((1, total), dtype=np.int64)
         if layout.position_ids:
             feeds[layout.position_ids] = np.arange(sequence.seen, sequence.seen + ids.shape[1], dtype=np.int64)[None, :]
-        outputs = self._execute(self._check_feeds(feeds), phase)
+        outputs = self._execute(self._check_feeds(feeds), phase, [sequence.adapter])
         for pair in layout.pairs:
             sequence.cache[pair.past] = sequence.cache[pair.past].grown(outputs[pair.present], sequence.length)
         sequence.length, sequence.seen = total, sequence.seen + ids.shape[1]
@@ -546,7 +591,7 @@ class Session:
         if layout.position_ids:
             seen = [s.seen for s in sequences]
             feeds[layout.position_ids] = np.array(seen, dtype=np.int64)[:, None] + np.arange(new)[None, :]
-        outputs = self._execute(self._check_feeds(feeds), phase)
+        outputs = self._execute(self._check_feeds(feeds), phase, [s.adapter for s in sequences])
         for row, (sequence, length) in enumerate(zip(sequences, lengths)):
             for pair in layout.pairs:
                 kept = [*range(length), *range(longest, longest + new)]

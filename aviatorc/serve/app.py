@@ -2,7 +2,9 @@
 
     POST /v1/completions        prompt as text (needs a tokenizer) or token ids; one choice per prompt
     POST /v1/chat/completions   messages through the tokenizer's chat template
-    GET  /v1/models             the artifacts served
+    GET  /v1/models             the artifacts served, and their LoRA adapters (`parent`: the artifact)
+    POST /v1/load_lora_adapter  {"lora_name", "lora_path"}: a PEFT adapter beside the first artifact
+    POST /v1/unload_lora_adapter {"lora_name"}              (both with --enable-lora, as vLLM's)
     GET  /health                200 while every engine runs
     GET  /metrics               Prometheus text format
 
@@ -131,9 +133,35 @@ def create_app(models: dict[str, ServedModel], registry: Registry) -> FastAPI:
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
-        return {"object": "list", "data": [
-            {"id": m.name, "object": "model", "created": m.created, "owned_by": "aviatorc",
-             "max_model_len": m.session.context, "max_num_seqs": m.engine.slots} for m in models.values()]}
+        listed = [{"id": m.name, "object": "model", "created": m.created, "owned_by": "aviatorc",
+                   "max_model_len": m.session.context, "max_num_seqs": m.engine.slots} for m in models.values()]
+        listed += [{"id": name, "object": "model", "created": m.created, "owned_by": "aviatorc", "parent": m.name,
+                    "root": adapter.path, "max_model_len": m.session.context, "max_num_seqs": m.engine.slots}
+                   for m in models.values() if m.session.adapters is not None
+                   for name, adapter in sorted(m.session.adapters.loaded.items())]
+        return {"object": "list", "data": listed}
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(raw: Request) -> JSONResponse:
+        model, fields = _lora_request(models, await raw.body(), ("lora_name", "lora_path"))
+        name = fields["lora_name"]
+        if name in models or _model_of_adapter(models, name) is not None:
+            raise HTTPError(400, f"the name '{name}' is taken: a model or adapter of this server has it")
+        try:
+            await asyncio.to_thread(model.session.load_adapter, name, fields["lora_path"])
+        except AviatorError as error:
+            raise HTTPError(400, str(error)) from None
+        log.warning("loaded LoRA adapter '%s' from %s beside '%s'", name, fields["lora_path"], model.name)
+        return JSONResponse({"status": "ok", "lora_name": name})
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(raw: Request) -> JSONResponse:
+        model, fields = _lora_request(models, await raw.body(), ("lora_name",))
+        try:
+            model.session.unload_adapter(fields["lora_name"])
+        except AviatorError as error:
+            raise HTTPError(404 if "no adapter named" in str(error) else 409, str(error)) from None
+        return JSONResponse({"status": "ok", "lora_name": fields["lora_name"]})
 
     bounds = Bounds(prompts=max(m.engine.max_queue + m.engine.slots for m in models.values()),
                     tokens=max(m.session.context for m in models.values()))
@@ -146,14 +174,14 @@ def create_app(models: dict[str, ServedModel], registry: Registry) -> FastAPI:
     @app.post("/v1/completions", response_model=None, openapi_extra=_schema(CompletionRequest))
     async def completions(raw: Request) -> Any:
         body = await accept(raw, CompletionRequest)
-        model = _model(models, body.model)
+        model, adapter = _model(models, body.model)
         prompts = _completion_prompts(model, body.prompt)
-        return await _serve(model, body, prompts, raw, chat=False)
+        return await _serve(model, body, prompts, raw, chat=False, adapter=adapter)
 
     @app.post("/v1/chat/completions", response_model=None, openapi_extra=_schema(ChatRequest))
     async def chat(raw: Request) -> Any:
         body = await accept(raw, ChatRequest)
-        model = _model(models, body.model)
+        model, adapter = _model(models, body.model)
         if model.tokenizer is None or not getattr(model.tokenizer, "chat_template", None):
             raise HTTPError(400, f"model '{model.name}' has no tokenizer with a chat template: chat needs one "
                                  "(start the server with --tokenizer), or use /v1/completions with token ids")
@@ -167,7 +195,8 @@ def create_app(models: dict[str, ServedModel], registry: Registry) -> FastAPI:
             raise HTTPError(400, f"the chat template refused these messages: {error}") from None
         if body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
-        return await _serve(model, body, [model.tokenizer.encode(text, add_special_tokens=False)], raw, chat=True)
+        return await _serve(model, body, [model.tokenizer.encode(text, add_special_tokens=False)], raw, chat=True,
+                            adapter=adapter)
 
     return app
 
@@ -177,15 +206,39 @@ def _schema(kind: type[Body]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": kind.model_json_schema()}}}}
 
 
-def _model(models: dict[str, ServedModel], name: str | None) -> ServedModel:
+def _model(models: dict[str, ServedModel], name: str | None) -> tuple[ServedModel, str | None]:
+    """The model a request names, and the LoRA adapter it runs with when the name is an adapter's."""
     if name is None:
         if len(models) == 1:
-            return next(iter(models.values()))
+            return next(iter(models.values())), None
         raise HTTPError(400, f"say which model: this server holds {', '.join(models)}")
-    if name not in models:
+    if name in models:
+        return models[name], None
+    parent = _model_of_adapter(models, name)
+    if parent is None:
         raise HTTPError(404, f"the model '{name}' does not exist; this server holds {', '.join(models)}",
                         "not_found_error")
-    return models[name]
+    return parent, name
+
+
+def _model_of_adapter(models: dict[str, ServedModel], name: str) -> ServedModel | None:
+    return next((m for m in models.values() if m.session.adapters is not None and name in m.session.adapters.loaded),
+                None)
+
+
+def _lora_request(models: dict[str, ServedModel], raw: bytes, keys: tuple[str, ...]) -> tuple[ServedModel, dict[str, str]]:
+    """The model whose adapters a load or unload request changes (the first that runs them), and
+    the request's string fields."""
+    model = next((m for m in models.values() if m.session.adapters is not None), None)
+    if model is None:
+        raise HTTPError(404, "this server loads no LoRA adapters: start it with --enable-lora", "not_found_error")
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise HTTPError(400, "the body is not JSON") from None
+    if not isinstance(data, dict) or any(not isinstance(data.get(k), str) or not data.get(k) for k in keys):
+        raise HTTPError(400, f"the body must be an object with {' and '.join(repr(k) for k in keys)} (strings)")
+    return model, {k: data[k] for k in keys}
 
 
 def _vocabulary(model: ServedModel) -> int | None:
@@ -234,7 +287,7 @@ def _completion_prompts(model: ServedModel, prompt: Any) -> list[list[int]]:
 
 
 def _generation_requests(model: ServedModel, body: SamplingFields, prompts: list[list[int]],
-                         constraints: list[Any]) -> list[GenerationRequest]:
+                         constraints: list[Any], adapter: str | None = None) -> list[GenerationRequest]:
     stop_ids = set(body.stop_token_ids)
     eos = getattr(model.tokenizer, "eos_token_id", None)
     if eos is not None and not body.ignore_eos:
@@ -245,15 +298,16 @@ def _generation_requests(model: ServedModel, body: SamplingFields, prompts: list
         max_tokens = body.max_tokens if body.max_tokens is not None else max(1, room - len(ids))
         out.append(GenerationRequest(prompt=ids, max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
                                      seed=body.seed, stop_ids=frozenset(stop_ids), priority=body.priority,
-                                     timeout_s=body.timeout, logprobs=body.top_logprobs, constraint=constraint))
+                                     timeout_s=body.timeout, logprobs=body.top_logprobs, constraint=constraint,
+                                     adapter=adapter))
     return out
 
 
 async def _serve(model: ServedModel, body: SamplingFields, prompts: list[list[int]], raw: Request,
-                 *, chat: bool) -> Any:
+                 *, chat: bool, adapter: str | None = None) -> Any:
     body.check_supported()
     constraints = await asyncio.to_thread(_constraints, model, body, len(prompts))
-    requests = _generation_requests(model, body, prompts, constraints)
+    requests = _generation_requests(model, body, prompts, constraints, adapter)
     submitted: list[GenerationRequest] = []
     try:
         for request in requests:
@@ -266,7 +320,7 @@ async def _serve(model: ServedModel, body: SamplingFields, prompts: list[list[in
             model.metrics.rejected()
             raise HTTPError(429, str(error), "rate_limit_error") from None
         raise
-    shape = _Shape(model, body, chat)
+    shape = _Shape(model, body, chat, adapter or model.name)
     if body.stream:
         return EventSourceResponse(_stream(model, shape, submitted), ping=15)
     return await _complete(model, shape, submitted, raw)
@@ -292,8 +346,8 @@ def _tool_call_json(text: str) -> Any:
 class _Shape:
     """Builds the response objects of one request (completion or chat)."""
 
-    def __init__(self, model: ServedModel, body: SamplingFields, chat: bool) -> None:
-        self.model, self.body, self.chat = model, body, chat
+    def __init__(self, model: ServedModel, body: SamplingFields, chat: bool, name: str) -> None:
+        self.model, self.body, self.chat, self.name = model, body, chat, name
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.with_ids = body.return_token_ids or model.tokenizer is None
@@ -304,7 +358,7 @@ class _Shape:
 
     def envelope(self, choices: list[dict[str, Any]], *, chunk: bool) -> dict[str, Any]:
         kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model.name, "choices": choices}
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.name, "choices": choices}
 
     def choice(self, index: int, text: str, finish: str | None, ids: list[int] | None, *, chunk: bool,
                prompt: list[int] | None = None, reported: Sequence[Logprobs] = (), offset: int = 0) -> dict[str, Any]:

@@ -89,6 +89,7 @@ class GenerationRequest:
     timeout_s: float | None = None
     logprobs: int | None = None  # report each token's log-probability and this many of the most likely
     constraint: Constraint | None = None  # a structured-output grammar (`aviatorc.serve.structured`)
+    adapter: str | None = None  # a LoRA adapter of the session to run with (None: the base alone)
     # Filled in by the engine.
     generated: list[int] = field(default_factory=list)
     reported: list[Logprobs] = field(default_factory=list)  # one per generated token, when `logprobs` is set
@@ -152,7 +153,7 @@ class StepSession(Protocol):
     def context(self) -> int: ...
     @property
     def precedence(self) -> Precedence: ...
-    def prefill(self, slot: int, ids: Any) -> np.ndarray: ...
+    def prefill(self, slot: int, ids: Any, *, adapter: str | None = None) -> np.ndarray: ...
     def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> np.ndarray: ...
     def free(self, slot: int) -> None: ...
     def resume(self, slot: int, cache: Any, length: int, ids: Any) -> np.ndarray: ...
@@ -336,7 +337,8 @@ class Engine:
         ids = np.array(request.prompt + request.generated, dtype=np.int64)
         done = len(ids) - request._prefill_left  # admission sets it to all of ids: 0 done
         try:
-            stop, computed, logits = await asyncio.to_thread(self._prefill_now, slot, ids, done, budget, first)
+            stop, computed, logits = await asyncio.to_thread(self._prefill_now, slot, ids, done, budget, first,
+                                                             request.adapter)
         except Exception as error:  # noqa: BLE001 - this request's own failure ends it alone
             if not isinstance(error, AviatorError):
                 log.exception("prefill of request %d failed", request.arrival)
@@ -349,7 +351,7 @@ class Engine:
         return None if budget is None else budget - computed
 
     def _prefill_now(self, slot: int, ids: np.ndarray, done: int, budget: int | None,
-                     first: bool) -> tuple[int, int, np.ndarray]:
+                     first: bool, adapter: str | None = None) -> tuple[int, int, np.ndarray]:
         """Prefill ids[done:] of `slot`'s sequence, at most `budget` computed tokens: (tokens in its
         cache after, tokens computed, the logits after the last of them)."""
         sessions = [self.session] + (self.speculator.sessions if self.speculator is not None else [])
@@ -357,7 +359,7 @@ class Engine:
             if first:
                 for session in sessions:
                     held.enter_context(session.precedence.first())
-            cache = self.prefix_cache
+            cache = self.prefix_cache if adapter is None else None  # cached blocks hold the base's keys and values
             if done:  # a later chunk
                 start = done
                 stop = len(ids) if budget is None else min(len(ids), start + budget)
@@ -366,7 +368,7 @@ class Engine:
                 start, arrays = cache.lookup(ids.tolist()) if cache is not None else (0, {})
                 stop = len(ids) if budget is None else min(len(ids), start + budget)
                 logits = (self.session.resume(slot, arrays, start, ids[start:stop]) if start
-                          else self.session.prefill(slot, ids[:stop]))
+                          else self.session.prefill(slot, ids[:stop], adapter=adapter))
                 if cache is not None:
                     self.observer.prefix_cache(len(ids), start)
             if stop == len(ids):

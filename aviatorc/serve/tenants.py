@@ -45,6 +45,8 @@ class EngineOptions:
     num_speculative_tokens: int = 4
     prefix_cache_tokens: int | None = 0  # prefix caching: 0 off; N tokens kept; None the plan's slots x context
     max_num_batched_tokens: int | None = None  # chunked prefill: tokens a turn computes (decodes + prompt chunks)
+    loras: tuple[tuple[str, str], ...] = ()  # (name, PEFT folder) of LoRA adapters beside the first model
+    enable_lora: bool = False  # the first model runs adapters, loaded at start (`loras`) or later over HTTP
 
     @property
     def method(self) -> str | None:
@@ -88,7 +90,7 @@ def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Regist
     drafts_chiplets: frozenset[int] = frozenset()
     draft_file = ""
     for index, spec in enumerate(specs):
-        session = Session(spec.artifact)
+        session = Session(spec.artifact, lora=index == 0 and (options.enable_lora or bool(options.loras)))
         if session.cache is None:
             raise NotRunnableError(f"this model cannot generate: {static_reason(session.graph)}", file=spec.artifact,
                                    hint="serve a decoder compiled with its KV cache")
@@ -143,6 +145,14 @@ def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Regist
         created = int(Path(spec.artifact).stat().st_mtime)
         models[name] = ServedModel(name, session, tokenizer, engine, metrics, chiplets, created)
         targets[name] = target
+    base = next(iter(models.values()))
+    for adapter, path in options.loras:
+        if adapter in models:
+            raise OptionError(f"the adapter name '{adapter}' is a model's", hint="name the adapter otherwise")
+        try:
+            base.session.load_adapter(adapter, path)
+        except AviatorError as error:
+            raise error.with_file(path) from None
     if drafts_chiplets:  # the draft shares its target's chiplets (they take turns), no one else's
         first = next(iter(models))
         for other in list(models.values())[1:]:

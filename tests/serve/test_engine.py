@@ -204,9 +204,9 @@ class Recording:
     def __getattr__(self, name: str):
         return getattr(self.session, name)
 
-    def prefill(self, slot, ids):
+    def prefill(self, slot, ids, adapter=None):
         self.log.append(("prompt", len(ids)))
-        return self.session.prefill(slot, ids)
+        return self.session.prefill(slot, ids, adapter=adapter)
 
     def extend(self, slot, ids):
         self.log.append(("prompt", len(ids)))

@@ -233,7 +233,7 @@ def test_a_full_queue_answers_429_and_a_disconnect_frees_the_slot(server):
             ctx = c.stream("POST", "/v1/completions", json=body)
             streams.append((ctx, ctx.__enter__()))
         refused = httpx.post(server.url + "/v1/completions", json={**body, "stream": False}, timeout=60)
-        assert refused.status_code == 429
+        assert refused.status_code == 429, refused.text[:500]
         error = refused.json()["error"]
         assert error["type"] == "rate_limit_error" and "queue is full (4 requests waiting)" in error["message"]
         first = next(line for line in streams[0][1].iter_lines() if line)  # the running ones do stream

@@ -1,0 +1,148 @@
+"""LoRA adapters beside a compiled base (aviatorc/runtime/lora.py), against PEFT itself.
+
+Two random adapters made with `peft` on the zoo's tiny Llama (rank 8 on q, v, o and down; rank
+16 with rsLoRA on k, gate and up, so fused q/k/v columns and whole projections are both hit),
+saved as PEFT saves them. The base is compiled once at fp32 with its q, k and v fused; each
+adapter's logits must be within 1e-4 of PEFT's merged model in eager `transformers`; a step that
+mixes the base and both adapters gives each sequence what it gets alone; loading takes well under
+a second and leaves the base's outputs bit for bit as they were.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import aviatorc
+from aviatorc import zoo
+from aviatorc.errors import ModelFormatError, OptionError
+from aviatorc.runtime import Session
+
+peft = pytest.importorskip("peft")
+
+ADAPTERS = {  # name -> (rank, alpha, modules, rsLoRA)
+    "r8": (8, 16, ["q_proj", "v_proj", "o_proj", "down_proj"], False),
+    "r16": (16, 8, ["k_proj", "gate_proj", "up_proj"], True),
+}
+PROMPT = [5, 17, 42, 9, 77, 3]
+
+
+@pytest.fixture(scope="module")
+def base():
+    torch.manual_seed(0)
+    return zoo.build_model("llama").inner.eval()
+
+
+@pytest.fixture(scope="module")
+def adapters(base, tmp_path_factory):
+    """name -> (its folder, PEFT's merged model)."""
+    out = {}
+    for seed, (name, (rank, alpha, modules, rslora)) in enumerate(ADAPTERS.items()):
+        torch.manual_seed(100 + seed)
+        config = peft.LoraConfig(r=rank, lora_alpha=alpha, target_modules=modules, use_rslora=rslora,
+                                 init_lora_weights=False)  # random A and B: an adapter that changes something
+        model = peft.get_peft_model(copy.deepcopy(base), config)
+        folder = tmp_path_factory.mktemp(name)
+        model.save_pretrained(folder)
+        out[name] = (folder, model.merge_and_unload().eval())
+    return out
+
+
+@pytest.fixture(scope="module")
+def session(base):
+    result = aviatorc.compile(base, target="mock", context=32, prompt=8, batch=4, time_limit_s=1.0, sweep=False,
+                              ranges=False)
+    assert result.graph is not None and any("qkv_proj" in n.name for n in result.graph.nodes)  # q, k, v fused
+    return Session(result, lora=True)
+
+
+def eager(model, ids: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits[0].numpy()
+
+
+def test_each_adapter_gives_peft_merged_models_logits(session, base, adapters):
+    for name, (folder, merged) in adapters.items():
+        session.load_adapter(name, folder)
+        want = eager(merged, [*PROMPT, 11])
+        assert np.abs(eager(base, PROMPT)[-1] - want[-2]).max() > 1e-2  # the adapter changes the logits
+        np.testing.assert_allclose(session.prefill(0, PROMPT, adapter=name), want[-2], atol=1e-4)
+        np.testing.assert_allclose(session.decode([0], [11])[0], want[-1], atol=1e-4)
+        session.free(0)
+        session.unload_adapter(name)
+
+
+def test_a_step_mixing_the_base_and_both_adapters_gives_each_what_it_gets_alone(session, adapters):
+    for name, (folder, _) in adapters.items():
+        session.load_adapter(name, folder)
+    try:
+        runs = [None, "r8", "r16", "r8"]
+        alone = []
+        for adapter in runs:
+            session.prefill(0, PROMPT, adapter=adapter)
+            alone.append(session.decode([0], [11])[0])
+            session.free(0)
+        assert np.abs(alone[0] - alone[1]).max() > 1e-2 and np.abs(alone[1] - alone[2]).max() > 1e-2
+        for slot, adapter in enumerate(runs):
+            session.prefill(slot, PROMPT, adapter=adapter)
+        together = session.decode([0, 1, 2, 3], [11] * 4)
+        np.testing.assert_allclose(together, np.stack(alone), atol=1e-5)
+        with pytest.raises(OptionError, match="in use by slot"):
+            session.unload_adapter("r8")
+    finally:
+        for slot in range(4):
+            session.free(slot)
+        for name in adapters:
+            session.unload_adapter(name)
+
+
+def test_loading_an_adapter_is_quick_and_leaves_the_base_as_it_was(session, adapters):
+    before = session.prefill(0, PROMPT)
+    session.free(0)
+    started = time.perf_counter()
+    session.load_adapter("r16", adapters["r16"][0])
+    assert time.perf_counter() - started < 1.0
+    after = session.prefill(0, PROMPT)  # the base, beside a loaded adapter
+    session.free(0)
+    session.unload_adapter("r16")
+    assert np.array_equal(before, after)
+    assert np.array_equal(session.generate(PROMPT, 4), session.generate(PROMPT, 4, adapter=None))
+
+
+def test_an_adapter_the_runtime_cannot_run_is_refused_naming_the_file(session, adapters, tmp_path):
+    folder = adapters["r8"][0]
+    with pytest.raises(OptionError, match="no LoRA adapter named 'nope'"):
+        session.prefill(0, PROMPT, adapter="nope")
+
+    def edited(**changes) -> object:
+        copied = tmp_path / f"edited{len(list(tmp_path.iterdir()))}"
+        copied.mkdir()
+        config = json.loads((folder / "adapter_config.json").read_text()) | changes
+        (copied / "adapter_config.json").write_text(json.dumps(config))
+        (copied / "adapter_model.safetensors").write_bytes((folder / "adapter_model.safetensors").read_bytes())
+        return copied
+
+    with pytest.raises(ModelFormatError, match="DoRA is not supported"):
+        session.load_adapter("x", edited(use_dora=True))
+    with pytest.raises(ModelFormatError, match="rank 8, not r = 4"):
+        session.load_adapter("x", edited(r=4))
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "adapter_model.bin").write_bytes(b"\x80\x04not read")
+    with pytest.raises(OptionError, match="no adapter_config.json") as caught:
+        session.load_adapter("x", pickled)
+    assert "never loaded" in (caught.value.hint or "")
+    from safetensors.torch import save_file
+
+    strange = edited()
+    save_file({"base_model.model.model.layers.0.mlp.nowhere.lora_A.weight": torch.zeros(8, 64),
+               "base_model.model.model.layers.0.mlp.nowhere.lora_B.weight": torch.zeros(64, 8)},
+              str(strange / "adapter_model.safetensors"))
+    with pytest.raises(ModelFormatError, match="'model.layers.0.mlp.nowhere' matches no projection"):
+        session.load_adapter("x", strange)
+    assert session.adapters is not None and not session.adapters.loaded
