@@ -74,7 +74,7 @@ class Adapter:
 
 
 def targets(graph: Graph) -> dict[str, list[Target]]:
-    """Module path (dots, the weight's name without `.weight`) -> the columns it owns, for every
+    """Module path (dots, the weight's name before `.weight`) -> the columns it owns, for every
     MatMul weight of the graph (a fused q/k/v weight: each projection's columns under its own
     name as well as the fused name)."""
     from aviatorc.partition.weights import weights_from_graph
@@ -88,7 +88,8 @@ def targets(graph: Graph) -> dict[str, list[Target]]:
         readers = [name for name in spec.nodes if name in nodes and nodes[name].op == "MatMul"]
         if spec.is_embedding or spec.expert >= 0 or not readers:
             continue
-        path = spec.name.removesuffix(".weight")
+        # The name up to its `.weight` (a quantized one is stored as `NAME.weight.values` and scales).
+        path = spec.name[:spec.name.rindex(".weight")] if ".weight" in spec.name else spec.name
         for node in readers:
             found.setdefault(path, []).append(Target(node, 0, spec.n, spec.k))
         head, _, last = path.rpartition(".")
