@@ -196,6 +196,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill", choices=PREFILL_CHOICES, default=DEFAULTS.prefill,
                    help="prefill schedule: stationary streams each weight once per pass over the prompt "
                         "(default); chunked re-streams the weights per chunk and leaves the decode step more SRAM")
+    p.add_argument("--lora-rank", type=int, default=DEFAULTS.lora_rank, metavar="R",
+                   help="reserve SRAM beside the weights for LoRA adapters of rank up to R, and count their work in "
+                        "the prediction (aviatorc serve --lora); default: none")
+    p.add_argument("--max-loras", type=int, default=DEFAULTS.max_loras, metavar="N",
+                   help=f"with --lora-rank: adapters held at once (default {DEFAULTS.max_loras})")
     p.add_argument("--solver", choices=SOLVER_CHOICES, default=DEFAULTS.solver,
                    help="partitioner: greedy alone (default); greedy then CP-SAT per layer; or auto: CP-SAT only where the "
                    "greedy placement is over 2%% above its lower bound")
@@ -478,6 +483,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         "kv_cache": args.kv_cache, "kv_dtype": args.kv_dtype, "kv_recent": args.kv_recent,
         "kv_sinks": DEFAULTS.kv_sinks if args.kv_sinks is None else args.kv_sinks,
         "solver": args.solver, "chiplets": args.chiplets, "prefill": args.prefill, "routing": args.routing,
+        "lora_rank": args.lora_rank, "max_loras": args.max_loras,
     }
     from aviatorc.plan.artifact import check_output_path
 

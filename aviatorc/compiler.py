@@ -320,7 +320,8 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
     routing = _routing(graph, weights, opts, calibration)
     if routing is not None:
         report.data["routing"] = routing.to_dict()
-    workload = Workload(opts.batch, opts.context, opts.prompt)
+    workload = Workload(opts.batch, opts.context, opts.prompt, lora_rank=opts.lora_rank,
+                        max_loras=opts.max_loras if opts.lora_rank else 0)
     allowed = list(parse_chiplets(opts.chiplets, target.num_chiplets) or range(target.num_chiplets))
     tiles = make_problem(weights, target, chiplets=allowed).tiles
     facts = model_facts(graph, tiles)

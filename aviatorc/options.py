@@ -86,6 +86,10 @@ class CompileOptions:
     # Confine the placement to these chiplets (resident tiles and compute), so that models can
     # share a server in isolation: "0-7,12" (--chiplets), range(0, 8) or a tuple; None: all.
     chiplets: tuple[int, ...] | None = None
+    # LoRA adapters served beside the weights (`aviatorc serve --lora`): their rank and how many at
+    # once, for which the plan reserves SRAM and counts the work (0: none).
+    lora_rank: int = 0
+    max_loras: int = 1
     extra: dict[str, object] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -122,6 +126,9 @@ class CompileOptions:
             raise OptionError(f"a KV window keeps 1 to {self.context:,} recent positions (the context) and 0 to "
                               f"{self.context:,} sinks, not --kv-recent {self.kv_recent} --kv-sinks {self.kv_sinks}",
                               hint="for example --kv-recent 1024 --kv-sinks 4")
+        if not 0 <= self.lora_rank <= 4096 or not 1 <= self.max_loras <= 4096:
+            raise OptionError(f"--lora-rank must lie in [0, 4096] and --max-loras in [1, 4096], not {self.lora_rank} "
+                              f"and {self.max_loras}", hint="for example --lora-rank 16 --max-loras 4")
         check_cards(self.cards)
         object.__setattr__(self, "chiplets", parse_chiplets(self.chiplets))
 

@@ -548,7 +548,7 @@ class _Run(StreamInterpreter):
         out = self._strip_product(c, buf, x, tile, start - n0, stop - n0, self._weight_dtype(node, 1))
         lora = self.b.lora
         if lora is not None and node.name in lora.nodes:
-            out = self._apply(lora.add, (self.b.program.phase, node.name, start, stop), (out, x))
+            out = self._apply(lora.add, (node.name, start, stop), (out, x))
         return out
 
     def _strip_product(self, c: int, buf: str, x: int, tile: int, a: int, b: int, dtype: np.dtype) -> int:

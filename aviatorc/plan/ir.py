@@ -317,12 +317,15 @@ class Workload:
     """What a program is compiled for: `batch` sequences, `context` tokens of KV cache each
     (decode), a prompt of `prompt` tokens (prefill). `positions`: the new tokens each sequence
     brings to a decode step: 1, or k + 1 when the step verifies k drafted tokens (each reads its
-    sequence's cache once for all its positions)."""
+    sequence's cache once for all its positions). `lora_rank`, `max_loras`: LoRA adapters of up to
+    that rank, that many at once, beside the weights (`aviatorc.runtime.lora`; 0: none)."""
 
     batch: int = 1
     context: int = 2048
     prompt: int = 128
     positions: int = 1
+    lora_rank: int = 0
+    max_loras: int = 0
 
     def tokens(self, phase: str) -> int:
         """Tokens one program processes: `positions` per sequence in decode, the prompts in prefill."""
@@ -330,7 +333,8 @@ class Workload:
 
     def to_dict(self) -> dict[str, int]:
         out = {"batch": self.batch, "context": self.context, "prompt": self.prompt}
-        return out | ({"positions": self.positions} if self.positions != 1 else {})
+        optional = {"positions": (self.positions, 1), "lora_rank": (self.lora_rank, 0), "max_loras": (self.max_loras, 0)}
+        return out | {key: value for key, (value, default) in optional.items() if value != default}
 
 
 @dataclass
@@ -585,10 +589,10 @@ def make(op: str, **values: Any) -> Instruction:
 
 def _workload(raw: Any) -> Workload:
     data = _expect(raw, dict, "workload")
-    positions = _int(data.get("positions", 1))
-    if positions < 1:
-        raise ValueError(f"workload positions must be >= 1, not {positions}")
-    return Workload(_int(data["batch"]), _int(data["context"]), _int(data["prompt"]), positions)
+    positions, rank, loras = _int(data.get("positions", 1)), _int(data.get("lora_rank", 0)), _int(data.get("max_loras", 0))
+    if positions < 1 or rank < 0 or loras < 0:
+        raise ValueError(f"workload positions must be >= 1 and LoRA figures >= 0, not {positions}, {rank}, {loras}")
+    return Workload(_int(data["batch"]), _int(data["context"]), _int(data["prompt"]), positions, rank, loras)
 
 
 def _expect(value: Any, kind: type, what: str) -> Any:

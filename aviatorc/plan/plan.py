@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 PLAN_SCHEMA_VERSION = 6
 READABLE_PLAN_SCHEMAS = (2, 3, 4, 5, 6)  # an older plan's missing fields take their defaults (FIELDS_SINCE)
 # The memory fields each version added: 3, a bounded KV cache; 4, the weight-stationary prefill.
-FIELDS_SINCE = {"kv_sinks": 3, "kv_recent": 3, "prefill_block_tokens": 4, "prefill_staging_bytes_per_chiplet": 4}
+FIELDS_SINCE = {"kv_sinks": 3, "kv_recent": 3, "prefill_block_tokens": 4, "prefill_staging_bytes_per_chiplet": 4,
+                "lora_bytes_per_chiplet": 6}
 PREDICTION_FIELDS_SINCE = {"routing": 5, "verify": 6}  # 5: a mixture of experts' routed step; 6: verify steps
 
 
@@ -95,6 +96,8 @@ class MemoryFigures:
     # token blocks, and the SRAM per chiplet a layer's staged tiles take while every block runs.
     prefill_block_tokens: int = 0
     prefill_staging_bytes_per_chiplet: int = 0
+    # LoRA adapters (the workload's lora_rank, max_loras): their A and B matrices, spread over the chiplets.
+    lora_bytes_per_chiplet: int = 0
 
     @property
     def kv_window(self) -> KVWindow | None:
@@ -324,6 +327,7 @@ class Plan:
 # Small records that let `from_json` check plan.json's plain sections.
 MAX_BATCH = 4096  # sequences decoded together (vendors quote 48-64)
 MAX_CONTEXT = 1 << 24  # tokens per sequence (the config import's bound on max_position_embeddings)
+MAX_LORA = 1 << 12  # a LoRA rank, and adapters at once
 
 
 @dataclass(frozen=True)
@@ -333,15 +337,20 @@ class _StoredWorkload:
     batch: int
     context: int
     prompt: int
+    lora_rank: int = 0
+    max_loras: int = 0
 
     def __post_init__(self) -> None:
         for name, high in (("batch", MAX_BATCH), ("context", MAX_CONTEXT), ("prompt", self.context)):
             if not 1 <= getattr(self, name) <= high:
                 raise ValueError(f"{name} must be in [1, {high:,}], not {getattr(self, name):,}")
+        for name in ("lora_rank", "max_loras"):
+            if not 0 <= getattr(self, name) <= MAX_LORA:
+                raise ValueError(f"{name} must be in [0, {MAX_LORA:,}], not {getattr(self, name):,}")
 
     @property
     def workload(self) -> Workload:
-        return Workload(self.batch, self.context, self.prompt)
+        return Workload(self.batch, self.context, self.prompt, lora_rank=self.lora_rank, max_loras=self.max_loras)
 
 @dataclass(frozen=True)
 class _TargetRef:

@@ -22,12 +22,14 @@ adapter's weights are read with safetensors, never unpickled.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import os
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,7 @@ import numpy as np
 from aviatorc.errors import ModelFormatError, OptionError
 from aviatorc.ir import Graph
 
+_logger = logging.getLogger("aviatorc.runtime.lora")
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
 MAX_CONFIG_BYTES = 1 << 20
@@ -86,7 +89,7 @@ def targets(graph: Graph) -> dict[str, list[Target]]:
     found: dict[str, list[Target]] = {}
     for spec in weights_from_graph(graph):
         readers = [name for name in spec.nodes if name in nodes and nodes[name].op == "MatMul"]
-        if spec.is_embedding or spec.expert >= 0 or not readers:
+        if spec.is_embedding or spec.tied_to or spec.expert >= 0 or not readers:  # as `memory.lora_target`
             continue
         # The name up to its `.weight` (a quantized one is stored as `NAME.weight.values` and scales).
         path = spec.name[:spec.name.rindex(".weight")] if ".weight" in spec.name else spec.name
@@ -199,22 +202,45 @@ def _match(module: str, known: dict[str, list[Target]]) -> list[Target]:
 
 
 class Adapters:
-    """The adapters a session holds, and the adapter of each sequence of the step running in each
-    phase (`rows`, set by the session around a step)."""
+    """The adapters a session holds, and the adapter of each sequence of the step each thread is
+    running (`running`, set by the session around a step: a step that pauses for a prefill, as
+    `Session.precedence` has it, keeps its own)."""
 
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, *, max_rank: int = 0, max_loras: int = 0) -> None:
+        """`max_rank`, `max_loras`: what the plan reserved SRAM for (`aviatorc compile --lora-rank
+        --max-loras`), which loading enforces; 0: nothing reserved, so adapters load unchecked and
+        the plan's prediction does not count them (said once, in the log)."""
         self.graph = graph
+        self.max_rank, self.max_loras = max_rank, max_loras
         self.known = targets(graph)
         self.nodes = frozenset(t.node for found in self.known.values() for t in found)  # what an adapter may touch
         self.loaded: dict[str, Adapter] = {}
         self._by_node: dict[str, dict[str, list[Delta]]] = {}  # adapter -> node -> its deltas
-        self.rows: dict[str, Sequence[str | None]] = {}
+        self._steps = threading.local()
         self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def running(self, rows: Sequence[str | None]) -> Iterator[None]:
+        """While a step of sequences running `rows` (an adapter's name, or None for the base, each) runs."""
+        self._steps.rows = rows
+        try:
+            yield
+        finally:
+            self._steps.rows = ()
 
     def load(self, name: str, path: str | os.PathLike[str]) -> Adapter:
         if not name or name in self.loaded:
             raise OptionError(f"an adapter named '{name}' is loaded already" if name else "an adapter needs a name")
+        if self.max_rank and len(self.loaded) >= self.max_loras:
+            raise OptionError(f"the plan holds {self.max_loras} LoRA adapter(s) at once, and {len(self.loaded)} are "
+                              "loaded", hint="unload one, or compile with a larger --max-loras")
         adapter = load_adapter(name, path, self.graph, self.known)
+        if self.max_rank and adapter.rank > self.max_rank:
+            raise OptionError(f"adapter '{name}' has rank {adapter.rank}, above the {self.max_rank} the plan reserved "
+                              "SRAM for", file=str(path), hint=f"compile with --lora-rank {adapter.rank} or more")
+        if not self.max_rank and not self.loaded:
+            _logger.warning("the plan reserves no SRAM for LoRA adapters (aviatorc compile --lora-rank R --max-loras "
+                            "N): adapter '%s' runs, but the plan's prediction does not count it", name)
         by_node: dict[str, list[Delta]] = {}
         for delta in adapter.deltas:
             by_node.setdefault(delta.target.node, []).append(delta)
@@ -230,10 +256,10 @@ class Adapters:
             del self.loaded[name]
             del self._by_node[name]
 
-    def add(self, phase: str, node: str, start: int, stop: int, out: np.ndarray, x: np.ndarray) -> np.ndarray:
+    def add(self, node: str, start: int, stop: int, out: np.ndarray, x: np.ndarray) -> np.ndarray:
         """`out` (columns [start, stop) of `node`'s product of `x`) with each sequence's adapter's
         low-rank product added: the sim backend's hook after every MatMul strip."""
-        rows = self.rows.get(phase)
+        rows = getattr(self._steps, "rows", ())
         if not rows or not any(rows):
             return out
         sequences = len(rows)

@@ -32,6 +32,7 @@ reads on a GPU, loads on a copy stream; its copy, compute and overlap figures in
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -187,7 +188,8 @@ class Session:
             if device != "sim" or world > 1:
                 raise NotRunnableError("LoRA adapters run on the sim backend of one card only",
                                        hint="Session(artifact, lora=True) without device or world")
-            self.adapters = Adapters(self.graph)
+            stored = self.artifact.plan.workload
+            self.adapters = Adapters(self.graph, max_rank=stored.lora_rank, max_loras=stored.max_loras)
             for phase_backend in self._backends.values():
                 phase_backend.lora = self.adapters
         self._predicted: dict[str, float] | None = None
@@ -252,13 +254,8 @@ class Session:
                  adapters: Sequence[str | None] = ()) -> dict[str, np.ndarray]:
         """Run `phase`'s program; `adapters`: the LoRA adapter of each sequence of the batch."""
         start = time.perf_counter()
-        if self.adapters is not None:
-            self.adapters.rows[phase] = adapters
-        try:
+        with self.adapters.running(adapters) if self.adapters is not None else contextlib.nullcontext():
             outputs, counts = self._backends[phase].run(arrays)
-        finally:
-            if self.adapters is not None:
-                self.adapters.rows.pop(phase, None)
         wall_s = time.perf_counter() - start
         predicted = self._predictions()
         self.stats = RunStats(phase, wall_s, counts.instructions, counts.bytes_loaded, counts.bytes_sent,

@@ -193,7 +193,7 @@ def _sweep(facts: ModelFacts, placement: Placement, weights: Sequence[WeightSpec
     points = sorted({(b, workload.context, 1) for b in SWEEP_BATCHES} | {(workload.batch, t, 1) for t in contexts}
                     | {(workload.batch, workload.context, k + 1) for k in VERIFY_DRAFTS})
     def point(at: tuple[int, int, int]) -> SweepPoint:
-        load = Workload(at[0], at[1], workload.prompt, at[2])
+        load = dataclasses.replace(workload, batch=at[0], context=at[1], positions=at[2])
         return _sweep_point(facts, placement, weights, target, load, memory, allowed, prefetch, graph, routing)
 
     with stage(_logger, f"simulating the batch and context sweep and the verify steps ({len(points)} points)"):

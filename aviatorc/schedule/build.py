@@ -68,7 +68,7 @@ from aviatorc.plan.ir import (
     Workload,
     block_value,
 )
-from aviatorc.schedule.memory import MemoryPlan
+from aviatorc.schedule.memory import MemoryPlan, lora_target
 from aviatorc.schedule.model import ModelFacts, TileUse, layer_runs
 from aviatorc.target import Target
 
@@ -328,6 +328,12 @@ class _Builder:
                     flops = 2 * tokens * tile.k * (stop - start)
                     part_bytes = math.ceil(self.value_bytes(out) * (stop - start) / max(1, rows_total))
                 fields = dict(node=node.name, flops=flops, bytes=read, vector_bytes=0, kind=tile.format.kind, part=part)
+                if self.workload.lora_rank and node.op != "Gather" and lora_target(tile):
+                    # LoRA adapters beside it: each token's x @ A, then those columns of (x A) @ B,
+                    # reading the slices of as many adapters as the step's sequences can run.
+                    low = self.workload.lora_rank * (tile.k + stop - start)
+                    fields["flops"] = flops + 2 * tokens * low
+                    fields["bytes"] = read + 2 * low * min(self.workload.batch, self.workload.max_loras)
                 if w < num_c:
                     self._compute(c, layer, bufs=(resident_buffer(use.tile),), **fields)
                 else:

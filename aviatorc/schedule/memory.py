@@ -100,6 +100,7 @@ class MemoryPlan:
     reserve_bytes: tuple[int, ...]  # per chiplet of the machine: held back from weights
     prefill_block_tokens: int = 0  # tokens per block of a pass (0: the whole pass is one block)
     prefill_staging_bytes: int = 0  # per chiplet: a prefill layer's staged tiles (0: as the decode step's)
+    lora_bytes: int = 0  # per chiplet: LoRA adapters' matrices (`lora_bytes`), part of reserve_bytes
 
     @property
     def prefill_schedule(self) -> str:
@@ -119,7 +120,8 @@ class MemoryPlan:
                              stage_chunk_bytes=self.stage_chunk_bytes, reserve_bytes=tuple(self.reserve_bytes),
                              kv_sinks=window.sinks if window else 0, kv_recent=window.recent if window else 0,
                              prefill_block_tokens=self.prefill_block_tokens,
-                             prefill_staging_bytes_per_chiplet=self.prefill_staging_bytes)
+                             prefill_staging_bytes_per_chiplet=self.prefill_staging_bytes,
+                             lora_bytes_per_chiplet=self.lora_bytes)
 
 
 def program_blocks(pass_tokens: int, block_tokens: int) -> int:
@@ -189,18 +191,21 @@ def plan_memory(facts: ModelFacts, tiles: Sequence[Tile], target: Target, worklo
                            max(per_layer.values(), default=0) if in_sram else 0)
     owners = {layer: homes[i * len(homes) // len(per_layer)] for i, layer in enumerate(sorted(per_layer))}
     reserve = [0] * target.num_chiplets
+    adapters = math.ceil(lora_bytes(tiles, workload) / max(1, len(chiplets)))
     for c in chiplets:
-        reserve[c] = scratch + max(staging, prefill_staging)
+        reserve[c] = scratch + max(staging, prefill_staging) + adapters
     if location == "sram":
         for layer, nbytes in per_layer.items():
             reserve[owners[layer]] += nbytes
     for c in chiplets:
         if reserve[c] >= target.chiplet.sram_bytes:
             staged = max(staging, prefill_staging)
-            held = reserve[c] - scratch - staged
+            held = reserve[c] - scratch - staged - adapters
+            lora = f", LoRA adapters ({_mib(adapters)})" if adapters else ""
             raise InfeasibleError(
                 f"chiplet {c} needs {_mib(reserve[c])} for the KV cache ({_mib(held)}), activations "
-                f"({_mib(scratch)}) and weight staging ({_mib(staged)}) but has {_mib(target.chiplet.sram_bytes)} SRAM",
+                f"({_mib(scratch)}), weight staging ({_mib(staged)}){lora} but has "
+                f"{_mib(target.chiplet.sram_bytes)} SRAM",
                 file=target.source, hint="keep the KV cache in LPDDR (kv='lpddr'), use an INT8 KV cache, "
                 "a bounded one (--kv-recent), a smaller batch or context, more cards, or the chunked prefill "
                 "(--prefill chunked), which stages no more than a decode step")
@@ -209,7 +214,20 @@ def plan_memory(facts: ModelFacts, tiles: Sequence[Tile], target: Target, worklo
     return MemoryPlan(kv=kv_plan, scratch_bytes=scratch, prefill_chunk_tokens=passes, staging_bytes=staging,
                       stage_chunk_bytes=stage_chunk, reserve_bytes=tuple(reserve),
                       prefill_block_tokens=block if prefill == "stationary" else 0,
-                      prefill_staging_bytes=prefill_staging)
+                      prefill_staging_bytes=prefill_staging, lora_bytes=adapters)
+
+
+def lora_bytes(tiles: Sequence[Tile], workload: Workload) -> int:
+    """The SRAM `workload.max_loras` adapters of rank `workload.lora_rank` take at fp16: for each
+    strip of a projection an adapter may target (`runtime.lora.targets`: not an embedding, a tied
+    head or an expert), its columns of B [r, n] and a copy of A [k, r], on the chiplet computing it."""
+    if not workload.lora_rank or not workload.max_loras:
+        return 0
+    return sum((t.k + t.n) * workload.lora_rank * 2 * workload.max_loras for t in tiles if lora_target(t))
+
+
+def lora_target(tile: Tile) -> bool:
+    return not tile.is_embedding and not tile.tied_to and tile.expert < 0
 
 
 def _prefill_passes(facts: ModelFacts, target: Target, prompt_tokens: int, block: int, ring: int) -> tuple[int, int]:

@@ -94,8 +94,9 @@ class GenerationRequest:
     generated: list[int] = field(default_factory=list)
     reported: list[Logprobs] = field(default_factory=list)  # one per generated token, when `logprobs` is set
     drafted: int = 0  # speculative decoding: draft tokens proposed for this request, accepted, and the
-    accepted_drafts: int = 0  # steps that verified them
+    accepted_drafts: int = 0  # steps that verified them; whether it still speculates (off for good once off)
     verifications: int = 0
+    speculating: bool = True
     arrival: int = -1
     submitted: float = 0.0
     first_token: float | None = None

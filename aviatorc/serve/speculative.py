@@ -247,14 +247,17 @@ class Speculator:
         per turn, a / (1 - a), up to k; 0 below MIN_ACCEPTANCE: it decodes plainly from then on,
         and a draft model no longer runs for it. With `by_time`, also 0 once a speculating step
         costs more than as many plain steps as its verifications have handed out tokens each
-        (1 + accepted / verifications; `speculating_cost`): a draft that loses time is switched off."""
+        (1 + accepted / verifications; `speculating_cost`), judged from its first verification: a
+        draft that loses time is switched off. Once 0, always 0 (`request.speculating`)."""
+        if not request.speculating:
+            return 0
+        cost = self.speculating_cost()  # judged from its first verification: a trial that loses time is cut short
+        if cost is not None and request.verifications and cost > 1 + request.accepted_drafts / request.verifications:
+            return 0
         if request.drafted < TRIAL_DRAFTS:
             return self.k
         a = request.accepted_drafts / request.drafted
         if a < MIN_ACCEPTANCE:
-            return 0
-        cost = self.speculating_cost()
-        if cost is not None and request.verifications and cost > 1 + request.accepted_drafts / request.verifications:
             return 0
         return self.k if a >= 1 else max(1, min(self.k, round(a / (1 - a)) + 1))
 
@@ -278,7 +281,8 @@ class Speculator:
             request = engine.running[slot]
             length = len(request.prompt) + len(request.generated)  # the last token is not in the cache yet
             wanted = self.draft_length(request)
-            if wanted == 0:  # switched off for good: the draft model stops following it too
+            if wanted == 0 and request.speculating:  # switched off for good: the draft model stops following it too
+                request.speculating = False
                 self.drafter.free(slot)
             elif probe:
                 wanted = 0

@@ -198,3 +198,41 @@ def test_an_adapter_on_smollm2_changes_what_peft_changes(tmp_path):
     assert time.perf_counter() - started < 1.0
     mismatch, effect = effect_mismatch(session, "smol", model, merged)
     assert effect > 0.5 and mismatch < 0.01 * effect
+
+
+def test_a_plan_compiled_for_adapters_reserves_their_sram_counts_their_work_and_holds_to_it(base, adapters, tmp_path):
+    """--lora-rank 16 --max-loras 2: each strip an adapter can reach holds its columns of B and a
+    copy of A for two adapters, spread over the chiplets in the reserve; each decode strip computes
+    x A and (x A) B for its columns; a session refuses a third adapter or one of a higher rank."""
+    from aviatorc.plan.ir import Compute
+    from aviatorc.runtime.lora import targets
+
+    options = dict(target="mock", context=32, prompt=8, batch=2, time_limit_s=1.0, sweep=False, ranges=False)
+    plain = aviatorc.compile(base, **options)
+    reserved = aviatorc.compile(base, lora_rank=16, max_loras=2, **options)
+    reachable = {t.node for found in targets(reserved.graph).values() for t in found}
+    strips = [t for t in reserved.plan.tiles if set(t.nodes) & reachable]
+    assert strips and {t.role for t in strips} >= {"qkv_proj", "o_proj", "down_proj"}
+    want = sum((t.rows[1] - t.rows[0] + t.cols[1] - t.cols[0]) * 16 * 2 * 2 for t in strips)
+    chiplets = len(reserved.plan.chiplets)
+    assert reserved.plan.memory.lora_bytes_per_chiplet == -(-want // chiplets)
+    assert [r - p for r, p in zip(reserved.plan.memory.reserve_bytes, plain.plan.memory.reserve_bytes, strict=True)] \
+        == [-(-want // chiplets) if c in reserved.plan.chiplets else 0 for c in range(len(plain.plan.memory.reserve_bytes))]
+
+    def flops(result) -> float:
+        return sum(i.flops for _, _, i in result.plan.programs["decode"].instructions() if isinstance(i, Compute))
+
+    tokens = 2  # the batch: one token a sequence
+    extra = sum(2 * tokens * 16 * (t.rows[1] - t.rows[0] + t.cols[1] - t.cols[0]) for t in strips)
+    assert flops(reserved) - flops(plain) == pytest.approx(extra)
+    assert reserved.plan.prediction.time_per_token_s >= plain.plan.prediction.time_per_token_s
+    saved = aviatorc.load(reserved.save(tmp_path / "reserved.avc"))
+    assert (saved.plan.workload.lora_rank, saved.plan.workload.max_loras) == (16, 2)
+    session = Session(saved, lora=True)
+    session.load_adapter("r8", adapters["r8"][0])
+    session.load_adapter("r16", adapters["r16"][0])
+    with pytest.raises(OptionError, match="holds 2 LoRA adapter"):
+        session.load_adapter("third", adapters["r8"][0])
+    small = Session(aviatorc.compile(base, lora_rank=8, max_loras=2, **options), lora=True)
+    with pytest.raises(OptionError, match="rank 16, above the 8"):
+        small.load_adapter("r16", adapters["r16"][0])

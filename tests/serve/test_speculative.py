@@ -207,7 +207,7 @@ def test_a_draft_that_costs_more_time_than_it_saves_is_switched_off(artifacts, m
     """The target drafts for itself (every draft accepted: 5 tokens a verification at k = 4) on a
     clock that charges each sequence 1 for a plain step, `verify_cost` for a verification and
     `draft_cost` for each draft step (4, then 1 to catch up): 0.1 and 1.5 cost 2 for 5 tokens,
-    worth it; 1.0 and 2.0 cost 7, more than 5 plain steps, so it stops after its trial drafts."""
+    worth it; 1.0 and 2.0 cost 7, more than 5 plain steps, so it stops after its first verification."""
     target, draft = Session(artifacts["llama"]), Session(artifacts["llama"])
     now = [0.0]
 
@@ -234,4 +234,32 @@ def test_a_draft_that_costs_more_time_than_it_saves_is_switched_off(artifacts, m
     if stays_on:
         assert request.drafted > 20
     else:
-        assert request.drafted == TRIAL_DRAFTS and draft.slot_length(0) == 0  # and the draft was freed
+        assert request.drafted == 4 and draft.slot_length(0) == 0  # one verification, then the draft was freed
+
+
+def test_a_request_switched_off_by_time_stays_off_when_plain_steps_grow_dearer(artifacts, monkeypatch):
+    """The time rule's averages keep moving after a request stops speculating: here plain steps
+    cost 1, then 50 from the fifth on, which would make speculating worth it again. The request
+    stays off (its draft model's cache was freed: drafting again from it would fail)."""
+    target, draft = Session(artifacts["llama"]), Session(artifacts["llama"])
+    now, plain_steps = [0.0], [0]
+    decode, extend_many, draft_decode = target.decode, target.extend_many, draft.decode
+
+    def plain(slots, tokens):
+        plain_steps[0] += 1
+        now[0] += (1.0 if plain_steps[0] < 5 else 50.0) * len(slots)
+        return decode(slots, tokens)
+
+    def verify(slots, ids):
+        now[0] += 8.0 * len(slots)
+        return extend_many(slots, ids)
+
+    monkeypatch.setattr(target, "decode", plain)
+    monkeypatch.setattr(target, "extend_many", verify)
+    monkeypatch.setattr(draft, "decode", draft_decode)
+    request = GenerationRequest(prompt=[9, 10, 11], max_tokens=24)
+    speculator = Speculator(target, DraftModel(draft, target), 4, clock=lambda: now[0])
+    asyncio.run(serve(Engine(target, speculator=speculator), [request]))
+    assert request.generated == alone(target, [9, 10, 11], 24)
+    assert not request.speculating and request.drafted == 4  # off after its first verification, and for good
+    assert speculator.plain_at[1] > 8.0  # plain steps grew dearer than a verification, yet it stayed off
