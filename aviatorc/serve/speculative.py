@@ -236,10 +236,17 @@ class Speculator:
         return self.drafter.sessions
 
     def prefill(self, slot: int, ids: np.ndarray) -> None:
-        self.drafter.prefill(slot, ids)
+        if not self.hopeless():  # a sequence that will not speculate needs no draft cache
+            self.drafter.prefill(slot, ids)
 
     def free(self, slot: int) -> None:
         self.drafter.free(slot)
+
+    def hopeless(self) -> bool:
+        """A speculating step costs more than k + 1 plain ones, the most tokens a verification can
+        hand out: on this machine no draft of this kind can pay, so none is tried any more."""
+        cost = self.speculating_cost()
+        return cost is not None and cost > self.k + 1
 
     def draft_length(self, request: GenerationRequest) -> int:
         """Drafts to propose for `request` this turn, from its own running acceptance rate a: k
@@ -248,8 +255,9 @@ class Speculator:
         and a draft model no longer runs for it. With `by_time`, also 0 once a speculating step
         costs more than as many plain steps as its verifications have handed out tokens each
         (1 + accepted / verifications; `speculating_cost`), judged from its first verification: a
-        draft that loses time is switched off. Once 0, always 0 (`request.speculating`)."""
-        if not request.speculating:
+        draft that loses time is switched off; and 0 for every request once no verification could
+        pay (`hopeless`). Once 0, always 0 (`request.speculating`)."""
+        if not request.speculating or self.hopeless():
             return 0
         cost = self.speculating_cost()  # judged from its first verification: a trial that loses time is cut short
         if cost is not None and request.verifications and cost > 1 + request.accepted_drafts / request.verifications:

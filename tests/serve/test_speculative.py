@@ -263,3 +263,32 @@ def test_a_request_switched_off_by_time_stays_off_when_plain_steps_grow_dearer(a
     assert request.generated == alone(target, [9, 10, 11], 24)
     assert not request.speculating and request.drafted == 4  # off after its first verification, and for good
     assert speculator.plain_at[1] > 8.0  # plain steps grew dearer than a verification, yet it stayed off
+
+
+def test_once_no_draft_could_pay_no_request_runs_the_draft_model(artifacts, monkeypatch):
+    """A verification costing 8 plain steps a sequence (the draft free): even k + 1 = 5 tokens a
+    verification would lose, so after the first request's the speculator gives up: a later
+    request is neither prefilled in the draft model nor drafted for."""
+    target, draft = Session(artifacts["llama"]), Session(artifacts["llama"])
+    now, drafted_slots = [0.0], []
+    decode, extend_many, draft_decode, draft_prefill = target.decode, target.extend_many, draft.decode, draft.prefill
+
+    def charge(cost, step):
+        def charged(slots, *args):
+            now[0] += cost * len(slots)
+            return step(slots, *args)
+        return charged
+
+    monkeypatch.setattr(target, "decode", charge(1.0, decode))
+    monkeypatch.setattr(target, "extend_many", charge(8.0, extend_many))
+    monkeypatch.setattr(draft, "prefill", lambda slot, ids, **kw: drafted_slots.append(slot) or draft_prefill(slot, ids))
+    monkeypatch.setattr(draft, "decode", draft_decode)
+    speculator = Speculator(target, DraftModel(draft, target), 4, clock=lambda: now[0])
+    engine = Engine(target, speculator=speculator)
+    first = GenerationRequest(prompt=[9, 10, 11], max_tokens=12)
+    asyncio.run(serve(engine, [first]))
+    assert first.drafted == 4 and speculator.hopeless() and drafted_slots == [0]
+    later = GenerationRequest(prompt=[20, 21, 22], max_tokens=12)
+    asyncio.run(serve(engine, [later]))
+    assert later.generated == alone(target, [20, 21, 22], 12)
+    assert later.drafted == 0 and drafted_slots == [0]  # its prompt never went to the draft model
