@@ -308,6 +308,9 @@ def _parser() -> argparse.ArgumentParser:
                    "model) or self (the same model at INT4: --draft, else compiled from its source at start); "
                    "default: draft when --draft is given")
     p.add_argument("--num-speculative-tokens", type=int, default=4, metavar="K", help="draft tokens per step")
+    p.add_argument("--keep-speculating", action="store_true", help="speculate whatever it costs on this machine: "
+                   "by default a request stops when its drafts cost more time than they save here (measuring "
+                   "acceptance on a machine where verification is slow, such as the sim, needs them kept)")
     p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH", help="a PEFT LoRA adapter (its folder: "
                    "adapter_config.json, adapter_model.safetensors) beside the first artifact, which requests with "
                    "model NAME run; repeat for more")
@@ -746,6 +749,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                             speculative_method=args.speculative_method, num_speculative_tokens=args.num_speculative_tokens,
                             prefix_cache_tokens=_prefix_cache_tokens(args),
                             max_num_batched_tokens=args.max_num_batched_tokens, loras=_loras(args.lora),
+                            keep_speculating=args.keep_speculating,
                             enable_lora=args.enable_lora)
     serve(specs, options, host=args.host, port=args.port, log_level=args.log_level, limits=limits)
     return 0

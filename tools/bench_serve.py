@@ -18,9 +18,12 @@ background streams (priority 10) hold every KV slot: P99 loaded against P99 unlo
 With `--draft`, a second server runs the same load with a truncated-layer copy of the same model
 as the draft (its first 20 of 30 layers, then the final norm and head; INT8; speculative decoding,
 k = 4), and a third with the INT4 plan of the same GGUF as the draft (`--speculative-method
-self`): greedy tokens against `generate`, the acceptance rate from /metrics, the measured
-throughput, and the speedup that `predicted_speedup` gives for the plans' target at that
-acceptance (from the draft's simulated step and the target's simulated verify step).
+self`): greedy tokens against `generate`, the acceptance rate from /metrics, and the speedup
+that `predicted_speedup` gives for the plans' target at that acceptance (from the draft's
+simulated step and the target's simulated verify step), all from a server with
+`--keep-speculating`; and the throughput of a server with the time rule (a request stops
+speculating where its drafts cost time here), after a warm-up of two requests long enough to
+speculate, against plain serving.
 
 With `--ngram`, a plan at context 512 serves two more workloads, each with a server as users
 start it: n-gram (prompt lookup) speculation, k = 4, on 8 prompts whose continuations repeat
@@ -56,6 +59,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "bench_serve.md"
 ROOT = Path(__file__).resolve().parents[1]
 READY = "aviatorc serve: listening on"
 DRAFT_LAYERS = 20
+WARM_TOKENS = 8  # a warm-up long enough to speculate: the server times its steps and judges the drafts
 PROMPTS = [
     "The capital of France is", "Water boils at a temperature of", "The largest planet in the solar system is",
     "A good way to learn programming is", "The three primary colors are", "In the morning I like to",
@@ -193,15 +197,10 @@ def speculate(target: Path, draft: Path, source: Path, prompts: list[str], new_t
     from aviatorc import load as load_artifact
     from aviatorc.serve.speculative import predicted_speedup, verify_step_s
 
-    server = Server(str(target), "--tokenizer", str(source), "--served-model-name", "model", "--draft", str(draft),
-                    "--num-speculative-tokens", "4", *extra)
-    try:
-        load(server.url, prompts[:2], 2)
-        before = verification_counts(server)
-        rows, wall_s = load(server.url, prompts, new_tokens)
-        counts = {name: value - before[name] for name, value in verification_counts(server).items()}
-    finally:
-        server.close()
+    args = (str(target), "--tokenizer", str(source), "--served-model-name", "model", "--draft", str(draft),
+            "--num-speculative-tokens", "4", *extra)
+    rows, wall_s, counts = speculating_run(Server(*args, "--keep-speculating"), prompts, new_tokens, 2)
+    timed_rows, timed_s, _ = speculating_run(Server(*args), prompts, new_tokens, WARM_TOKENS)
     plans = [load_artifact(p).plan for p in (target, draft)]
     acceptance = counts["accepted"] / max(1.0, counts["drafted"])
     return summarize(rows, wall_s, new_tokens) | counts | per_verification(counts, *plans) | {
@@ -209,7 +208,23 @@ def speculate(target: Path, draft: Path, source: Path, prompts: list[str], new_t
         "target_step_s": plans[0].prediction.time_per_token_s, "verify_step_s": verify_step_s(plans[0], 4),
         "draft_step_s": plans[1].prediction.time_per_token_s,
         "same_tokens_as_generate": sum(r.get("ids") == s for r, s in zip(rows, sequential)),
-        "speedup_vs_served": len([r for r in rows if r.get("ok")]) * new_tokens / wall_s / served["tokens_per_s"]}
+        "timed_tokens_per_s": summarize(timed_rows, timed_s, new_tokens)["tokens_per_s"],
+        "timed_same_tokens_as_generate": sum(r.get("ids") == s for r, s in zip(timed_rows, sequential)),
+        "speedup_vs_served": len([r for r in rows if r.get("ok")]) * new_tokens / wall_s / served["tokens_per_s"]} | {
+        "timed_speedup_vs_served": summarize(timed_rows, timed_s, new_tokens)["tokens_per_s"] / served["tokens_per_s"]}
+
+
+def speculating_run(server: Server, prompts: list[str], new_tokens: int, warm_tokens: int
+                    ) -> tuple[list[dict[str, Any]], float, dict[str, float]]:
+    """A warm-up of two requests of `warm_tokens`, then the load: its rows, wall time, and the
+    speculation counts of the load alone."""
+    try:
+        load(server.url, prompts[:2], warm_tokens)
+        before = verification_counts(server)
+        rows, wall_s = load(server.url, prompts, new_tokens)
+        return rows, wall_s, {name: value - before[name] for name, value in verification_counts(server).items()}
+    finally:
+        server.close()
 
 
 def verification_counts(server: Server) -> dict[str, float]:
@@ -267,28 +282,28 @@ def ngram_and_prefix(source: Path, work: Path, new_tokens: int) -> dict[str, Any
     compile_plan(source, plan_path, "int8", len(REPEATING), 512)
     base = (str(plan_path), "--tokenizer", str(source), "--served-model-name", "model")
     runs: dict[str, Any] = {}
-    for name, extra in (("plain", ()), ("ngram", ("--speculative-method", "ngram", "--num-speculative-tokens", "4"))):
-        server = Server(*base, *extra)
-        try:
-            load(server.url, REPEATING[:2], 2)
-            before = verification_counts(server)
-            rows, wall_s = load(server.url, REPEATING, new_tokens)
-            counts = {key: value - before[key] for key, value in verification_counts(server).items()}
-            runs[name] = summarize(rows, wall_s, new_tokens) | counts | {
-                "ids": [r.get("ids") for r in rows], "acceptance": counts["accepted"] / max(1.0, counts["drafted"])}
-        finally:
-            server.close()
-    plain, ngram = runs["plain"], runs["ngram"]
+    ngram_args = ("--speculative-method", "ngram", "--num-speculative-tokens", "4")
+    for name, extra, warm in (("plain", (), WARM_TOKENS), ("ngram", (*ngram_args, "--keep-speculating"), 2),
+                              ("timed", ngram_args, WARM_TOKENS)):
+        rows, wall_s, counts = speculating_run(Server(*base, *extra), REPEATING, new_tokens, warm)
+        runs[name] = summarize(rows, wall_s, new_tokens) | counts | {
+            "ids": [r.get("ids") for r in rows], "acceptance": counts["accepted"] / max(1.0, counts["drafted"])}
+    plain, ngram, timed = runs["plain"], runs["ngram"], runs["timed"]
+    plain_ids = plain.pop("ids")
     plan = load_artifact(plan_path).plan
     speculation = per_verification(ngram, plan) | {"acceptance": ngram["acceptance"], "drafted": ngram["drafted"],
                                                     "verifications": ngram["verifications"],
-                   "same_tokens_as_plain": sum(a == b for a, b in zip(plain.pop("ids"), ngram.pop("ids"))),
+                   "same_tokens_as_plain": sum(a == b for a, b in zip(plain_ids, ngram.pop("ids"))),
                    "requests": len(REPEATING), "plain_tokens_per_s": plain["tokens_per_s"],
                    "ngram_tokens_per_s": ngram["tokens_per_s"], "measured_speedup": ngram["tokens_per_s"] / plain["tokens_per_s"],
+                   "timed_tokens_per_s": timed["tokens_per_s"], "timed_speedup": timed["tokens_per_s"] / plain["tokens_per_s"],
+                   "timed_same_tokens_as_plain": sum(a == b for a, b in zip(plain_ids, timed.pop("ids"))),
                    "predicted_speedup": predicted_speedup(ngram["acceptance"], 4, plan),
                    "target_step_s": plan.prediction.time_per_token_s, "verify_step_s": verify_step_s(plan, 4)}
-    print(f"  n-gram speculation: acceptance {speculation['acceptance']:.3f}, {speculation['measured_speedup']:.2f}x plain "
-          f"here, predicted {speculation['predicted_speedup']:.2f}x on the target; "
+    print(f"  n-gram speculation: acceptance {speculation['acceptance']:.3f}, {speculation['timed_speedup']:.2f}x plain "
+          f"here ({speculation['measured_speedup']:.2f}x with drafts kept), predicted "
+          f"{speculation['predicted_speedup']:.2f}x on the target ({speculation['measured_steps_speedup']:.2f}x from its "
+          f"verifications); "
           f"{speculation['same_tokens_as_plain']}/{len(REPEATING)} as plain", flush=True)
     # Structured outputs: the same load with a JSON schema whose string cannot end within the
     # tokens asked for, so both runs generate as many tokens; time per output token compared.
@@ -407,7 +422,8 @@ def main() -> None:
         if speculative["errors"]:
             print(f"  errors: {speculative['errors'][:3]}", flush=True)
         print(f"  speculative ({DRAFT_LAYERS}-layer draft, k=4): acceptance {speculative['acceptance']:.3f}, "
-              f"{speculative['tokens_per_s']:.1f} tok/s ({speculative['speedup_vs_served']:.2f}x plain serving here), "
+              f"{speculative['timed_tokens_per_s']:.1f} tok/s ({speculative['timed_speedup_vs_served']:.2f}x plain serving "
+              f"here; {speculative['speedup_vs_served']:.2f}x with drafts kept), "
               f"predicted on the target {speculative['predicted_speedup']:.2f}x", flush=True)
         own = work / "self-int4.avc"
         print("compiling the INT4 self draft ...", flush=True)
@@ -417,7 +433,8 @@ def main() -> None:
         if self_draft["errors"]:
             print(f"  errors: {self_draft['errors'][:3]}", flush=True)
         print(f"  speculative (INT4 self draft, k=4): acceptance {self_draft['acceptance']:.3f}, "
-              f"{self_draft['tokens_per_s']:.1f} tok/s ({self_draft['speedup_vs_served']:.2f}x plain serving here), "
+              f"{self_draft['timed_tokens_per_s']:.1f} tok/s ({self_draft['timed_speedup_vs_served']:.2f}x plain serving "
+              f"here; {self_draft['speedup_vs_served']:.2f}x with drafts kept), "
               f"predicted on the target {self_draft['predicted_speedup']:.2f}x", flush=True)
 
     extra = ngram_and_prefix(source, work, new_tokens) if args.ngram else None
@@ -430,6 +447,15 @@ def main() -> None:
     RESULTS.write_text(render(result, command))
     RESULTS.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {RESULTS.relative_to(ROOT)}")
+
+
+def timed(x: dict[str, Any]) -> str:
+    """A draft's served throughput here, kept on and under the time rule, against plain serving."""
+    return (f"served here with drafts kept (`--keep-speculating`, the run that counts the drafts, where a "
+            f"verification computes every position) {x['tokens_per_s']:.1f} tokens/s ({x['speedup_vs_served']:.2f}x "
+            f"plain serving), and with the time rule (drafts stop where they cost time here), after a warm-up of two "
+            f"{WARM_TOKENS}-token requests, {x['timed_tokens_per_s']:.1f} (**{x['timed_speedup_vs_served']:.2f}x**; "
+            f"greedy tokens equal to `generate`: {x['timed_same_tokens_as_generate']} / {x['requests']})")
 
 
 def verified(x: dict[str, Any]) -> str:
@@ -477,16 +503,13 @@ def render(r: dict[str, Any], command: str) -> str:
     if p:
         lines += ["", f"Speculative decoding, the first {DRAFT_LAYERS} of the model's 30 layers (with its final norm and "
                       f"head, INT8) as the draft, k = 4, the same load: {verified(p)}; greedy tokens equal to "
-                      f"`generate`: {p['same_tokens_as_generate']} / {p['requests']}; {p['tokens_per_s']:.1f} tokens/s "
-                      f"here ({p['speedup_vs_served']:.2f}x plain serving on this CPU, where a verification computes "
-                      f"every position); simulated steps: target {p['target_step_s'] * 1e3:.3f} ms, its verify of 4 "
+                      f"`generate`: {p['same_tokens_as_generate']} / {p['requests']}; {timed(p)}; simulated steps: target {p['target_step_s'] * 1e3:.3f} ms, its verify of 4 "
                       f"drafts {p['verify_step_s'] * 1e3:.3f} ms, draft {p['draft_step_s'] * 1e3:.3f} ms."]
     o = r.get("self_draft")
     if o:
         lines += ["", f"The INT4 self draft (`--speculative-method self`: the same GGUF compiled at INT4, group 32, no "
                       f"calibration), k = 4, the same load: {verified(o)}; greedy tokens equal to `generate`: "
-                      f"{o['same_tokens_as_generate']} / {o['requests']}; {o['tokens_per_s']:.1f} tokens/s here "
-                      f"({o['speedup_vs_served']:.2f}x plain serving on this CPU); simulated steps: target "
+                      f"{o['same_tokens_as_generate']} / {o['requests']}; {timed(o)}; simulated steps: target "
                       f"{o['target_step_s'] * 1e3:.3f} ms, its verify of 4 drafts {o['verify_step_s'] * 1e3:.3f} ms, "
                       f"INT4 draft {o['draft_step_s'] * 1e3:.3f} ms (this model's step is bound by per-layer latency, "
                       f"not bytes, so halving the bytes saves little). The GGUF's weights are 4-bit already "
@@ -497,9 +520,12 @@ def render(r: dict[str, Any], command: str) -> str:
         lines += ["", f"n-gram speculation (`--speculative-method ngram`, k = 4; no draft model), at context 512, on "
                       f"{g['requests']} prompts whose continuations repeat their own text (JSON records, code, lists), "
                       f"all at once: {verified(g)} (no draft step: the lookup is the host's); greedy tokens equal to "
-                      f"plain serving: {g['same_tokens_as_plain']} / {g['requests']}; {g['ngram_tokens_per_s']:.1f} "
-                      f"against {g['plain_tokens_per_s']:.1f} tokens/s plain here (**{g['measured_speedup']:.2f}x**); "
-                      f"simulated steps: plain {g['target_step_s'] * 1e3:.3f} ms, the verify of 4 drafts "
+                      f"plain serving: {g['same_tokens_as_plain']} / {g['requests']}; served here with drafts kept "
+                      f"(`--keep-speculating`, the run that counts the drafts) {g['ngram_tokens_per_s']:.1f} against "
+                      f"{g['plain_tokens_per_s']:.1f} tokens/s plain ({g['measured_speedup']:.2f}x), and with the "
+                      f"time rule, after a warm-up of two {WARM_TOKENS}-token requests, {g['timed_tokens_per_s']:.1f} "
+                      f"(**{g['timed_speedup']:.2f}x**; greedy tokens equal to plain: "
+                      f"{g['timed_same_tokens_as_plain']} / {g['requests']}); simulated steps: plain {g['target_step_s'] * 1e3:.3f} ms, the verify of 4 drafts "
                       f"{g['verify_step_s'] * 1e3:.3f} ms.",
                   "", f"Prefix caching (`--enable-prefix-caching`): {f['requests']} prompts sharing a "
                       f"{f['system_tokens']}-token system prompt, sent one at a time; mean time to first token of all but the first (which fills the "

@@ -43,6 +43,7 @@ class EngineOptions:
     # None: "draft" if a draft is given
     speculative_method: str | None = None
     num_speculative_tokens: int = 4
+    keep_speculating: bool = False  # speculate whatever it costs on this machine (no time rule)
     prefix_cache_tokens: int | None = 0  # prefix caching: 0 off; N tokens kept; None the plan's slots x context
     max_num_batched_tokens: int | None = None  # chunked prefill: tokens a turn computes (decodes + prompt chunks)
     loras: tuple[tuple[str, str], ...] = ()  # (name, PEFT folder) of LoRA adapters beside the first model
@@ -112,7 +113,8 @@ def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Regist
         metrics = registry.model(name)
         speculator = None
         if options.method == "ngram" and index == 0:
-            speculator = Speculator(session, NgramDrafts(), options.num_speculative_tokens, metrics)
+            speculator = Speculator(session, NgramDrafts(), options.num_speculative_tokens, metrics,
+                                    by_time=not options.keep_speculating)
         if options.method in ("draft", "self") and index == 0:
             draft = Session(options.draft or compile_self_draft(session, _scratch() / "self-draft.avc"))
             draft_file = str(draft.artifact.path)
@@ -123,7 +125,8 @@ def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Regist
             if draft.artifact.plan.target_name != target:
                 raise OptionError(f"the draft was compiled for target '{draft.artifact.plan.target_name}' but "
                                   f"'{name}' for '{target}'", file=draft_file, hint="compile both for one target")
-            speculator = Speculator(session, DraftModel(draft, session), options.num_speculative_tokens, metrics)
+            speculator = Speculator(session, DraftModel(draft, session), options.num_speculative_tokens, metrics,
+                                    by_time=not options.keep_speculating)
             drafts_chiplets = frozenset(draft.artifact.plan.chiplets)
         if session.kv_window and (speculator or options.prefix_cache_tokens != 0):
             raise OptionError(f"'{name}' keeps a bounded KV cache (--kv-recent {session.kv_window.recent}), but "

@@ -113,3 +113,14 @@ def test_killing_the_server_mid_load_leaves_no_process(artifacts, tmp_path):
             thread.join(timeout=30)
         assert not any(t.is_alive() for t in threads)  # no client hangs on a dead server
     assert all(not Path(f"/proc/{child}").exists() for child in spawned)
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_keep_speculating_turns_the_time_rule_off(artifacts, keep):
+    from aviatorc.serve.metrics import Registry
+    from aviatorc.serve.tenants import EngineOptions, ModelSpec, load_models
+
+    options = EngineOptions(speculative_method="ngram", keep_speculating=keep)
+    models = load_models([ModelSpec(str(artifacts["llama"]))], options, Registry())
+    speculator = models["llama"].engine.speculator
+    assert speculator is not None and speculator.by_time is not keep
