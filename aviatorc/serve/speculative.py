@@ -223,7 +223,7 @@ class Speculator:
             raise OptionError(f"--num-speculative-tokens must be >= 1, not {k}")
         self.target, self.drafter, self.k, self.metrics = target, drafter, k, metrics
         self.by_time, self.clock = by_time, clock
-        self.proposed = self.accepted = 0
+        self.proposed = self.accepted = self.verifications = 0
         # What this machine took, as moving averages by the number of sequences n: a plain decode
         # step of n, and the drafts and verification of n speculating (the cost of a step grows
         # far less than n-fold here, so the two are compared at one n).
@@ -236,17 +236,20 @@ class Speculator:
         return self.drafter.sessions
 
     def prefill(self, slot: int, ids: np.ndarray) -> None:
-        if not self.hopeless():  # a sequence that will not speculate needs no draft cache
+        if not self.losing():  # a sequence that will not speculate needs no draft cache
             self.drafter.prefill(slot, ids)
 
     def free(self, slot: int) -> None:
         self.drafter.free(slot)
 
-    def hopeless(self) -> bool:
-        """A speculating step costs more than k + 1 plain ones, the most tokens a verification can
-        hand out: on this machine no draft of this kind can pay, so none is tried any more."""
+    def losing(self) -> bool:
+        """A speculating step costs more plain ones than the tokens the verifications so far have
+        handed out each (k + 1, the most one can, before any): on this machine this draft loses
+        time, so new requests no longer try it (nor prefill the draft model)."""
         cost = self.speculating_cost()
-        return cost is not None and cost > self.k + 1
+        verifications = self.verifications
+        ceiling = 1 + self.accepted / verifications if verifications else self.k + 1
+        return cost is not None and cost > ceiling
 
     def draft_length(self, request: GenerationRequest) -> int:
         """Drafts to propose for `request` this turn, from its own running acceptance rate a: k
@@ -255,9 +258,9 @@ class Speculator:
         and a draft model no longer runs for it. With `by_time`, also 0 once a speculating step
         costs more than as many plain steps as its verifications have handed out tokens each
         (1 + accepted / verifications; `speculating_cost`), judged from its first verification: a
-        draft that loses time is switched off; and 0 for every request once no verification could
-        pay (`hopeless`). Once 0, always 0 (`request.speculating`)."""
-        if not request.speculating or self.hopeless():
+        draft that loses time is switched off; and 0 from the start once the verifications so far
+        would not pay (`losing`). Once 0, always 0 (`request.speculating`)."""
+        if not request.speculating or (not request.verifications and self.losing()):
             return 0
         cost = self.speculating_cost()  # judged from its first verification: a trial that loses time is cut short
         if cost is not None and request.verifications and cost > 1 + request.accepted_drafts / request.verifications:
@@ -309,6 +312,7 @@ class Speculator:
                 continue
             self.proposed += proposed
             self.accepted += accepted
+            self.verifications += 1
             request.drafted += proposed
             request.accepted_drafts += accepted
             request.verifications += 1

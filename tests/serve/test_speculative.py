@@ -265,10 +265,10 @@ def test_a_request_switched_off_by_time_stays_off_when_plain_steps_grow_dearer(a
     assert speculator.plain_at[1] > 8.0  # plain steps grew dearer than a verification, yet it stayed off
 
 
-def test_once_no_draft_could_pay_no_request_runs_the_draft_model(artifacts, monkeypatch):
-    """A verification costing 8 plain steps a sequence (the draft free): even k + 1 = 5 tokens a
-    verification would lose, so after the first request's the speculator gives up: a later
-    request is neither prefilled in the draft model nor drafted for."""
+def test_once_the_drafts_lose_time_a_new_request_does_not_run_the_draft_model(artifacts, monkeypatch):
+    """A verification costing 8 plain steps a sequence (the draft free) against the 5 tokens each
+    verification has handed out (every draft accepted): after the first request's, a later request
+    is neither prefilled in the draft model nor drafted for."""
     target, draft = Session(artifacts["llama"]), Session(artifacts["llama"])
     now, drafted_slots = [0.0], []
     decode, extend_many, draft_decode, draft_prefill = target.decode, target.extend_many, draft.decode, draft.prefill
@@ -287,7 +287,7 @@ def test_once_no_draft_could_pay_no_request_runs_the_draft_model(artifacts, monk
     engine = Engine(target, speculator=speculator)
     first = GenerationRequest(prompt=[9, 10, 11], max_tokens=12)
     asyncio.run(serve(engine, [first]))
-    assert first.drafted == 4 and speculator.hopeless() and drafted_slots == [0]
+    assert first.drafted == 4 and speculator.losing() and drafted_slots == [0]
     later = GenerationRequest(prompt=[20, 21, 22], max_tokens=12)
     asyncio.run(serve(engine, [later]))
     assert later.generated == alone(target, [20, 21, 22], 12)
