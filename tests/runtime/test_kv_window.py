@@ -126,14 +126,14 @@ def test_the_plan_sizes_and_times_the_window(model):
 
 
 def test_a_window_is_checked_where_it_enters(windowed):
-    """Options and the plan loader refuse bad windows; plan.json's schema is 5, and a version-2 plan
-    (from before the window's fields) still loads as keeping every position."""
-    from aviatorc.plan.plan import FIELDS_SINCE, PREDICTION_FIELDS_SINCE, Plan
+    """Options and the plan loader refuse bad windows; plan.json's schema is the current one, and a
+    version-2 plan (from before the window's fields) still loads as keeping every position."""
+    from aviatorc.plan.plan import FIELDS_SINCE, PLAN_SCHEMA_VERSION, PREDICTION_FIELDS_SINCE, Plan
 
     with pytest.raises(OptionError, match="kv-recent"):
         aviatorc.compile(zoo.build_model("llama").inner.eval(), target="mock", kv_recent=0)
     plan = json.loads((windowed.artifact.path / "plan.json").read_text())
-    assert plan["schema_version"] == 5 and Plan.from_dict(plan).memory.kv_window.recent == RECENT
+    assert plan["schema_version"] == PLAN_SCHEMA_VERSION and Plan.from_dict(plan).memory.kv_window.recent == RECENT
     with pytest.raises(ModelFormatError, match="kv_recent"):
         Plan.from_dict(plan | {"memory": plan["memory"] | {"kv_recent": -3}})
     with pytest.raises(ModelFormatError, match="memory.kv_recent is a schema version 3 field, not version 2's"):
@@ -144,7 +144,7 @@ def test_a_window_is_checked_where_it_enters(windowed):
     with pytest.raises(ModelFormatError, match="prediction.routing is a schema version 5 field, not version 4's"):
         Plan.from_dict(older | {"schema_version": 4, "prediction": plan["prediction"]})
     assert Plan.from_dict(older).memory.kv_window is None
-    for version in (1, 6, True, "3"):
+    for version in (1, PLAN_SCHEMA_VERSION + 1, True, "3"):
         with pytest.raises(ModelFormatError, match="schema version"):
             Plan.from_dict(plan | {"schema_version": version})
 
