@@ -130,7 +130,7 @@ class Routing:
     def of_layer(self, layer: int) -> BlockRouting | None:
         return self._by_layer.get(layer)
 
-    @property
+    @cached_property
     def _by_layer(self) -> dict[int, BlockRouting]:
         return {b.layer: b for b in self.blocks}
 

@@ -458,6 +458,13 @@ def timed(x: dict[str, Any]) -> str:
             f"greedy tokens equal to `generate`: {x['timed_same_tokens_as_generate']} / {x['requests']})")
 
 
+def steps(x: dict[str, Any], draft: str = "") -> str:
+    """The simulated steps on the plans' target a speculative run's prediction reads."""
+    drafted = f", {draft} {x['draft_step_s'] * 1e3:.3f} ms" if draft else ""
+    return (f"simulated steps: target {x['target_step_s'] * 1e3:.3f} ms, its verify of 4 drafts "
+            f"{x['verify_step_s'] * 1e3:.3f} ms{drafted}")
+
+
 def verified(x: dict[str, Any]) -> str:
     """A speculative run's counts, and the speedups on the plans' target they predict."""
     return (f"acceptance **{x['acceptance']:.3f}** ({x['drafted']:.0f} drafts, {x['verifications']:.0f} verifications "
@@ -503,16 +510,14 @@ def render(r: dict[str, Any], command: str) -> str:
     if p:
         lines += ["", f"Speculative decoding, the first {DRAFT_LAYERS} of the model's 30 layers (with its final norm and "
                       f"head, INT8) as the draft, k = 4, the same load: {verified(p)}; greedy tokens equal to "
-                      f"`generate`: {p['same_tokens_as_generate']} / {p['requests']}; {timed(p)}; simulated steps: target {p['target_step_s'] * 1e3:.3f} ms, its verify of 4 "
-                      f"drafts {p['verify_step_s'] * 1e3:.3f} ms, draft {p['draft_step_s'] * 1e3:.3f} ms."]
+                      f"`generate`: {p['same_tokens_as_generate']} / {p['requests']}; {timed(p)}; {steps(p, 'draft')}."]
     o = r.get("self_draft")
     if o:
         lines += ["", f"The INT4 self draft (`--speculative-method self`: the same GGUF compiled at INT4, group 32, no "
                       f"calibration), k = 4, the same load: {verified(o)}; greedy tokens equal to `generate`: "
-                      f"{o['same_tokens_as_generate']} / {o['requests']}; {timed(o)}; simulated steps: target "
-                      f"{o['target_step_s'] * 1e3:.3f} ms, its verify of 4 drafts {o['verify_step_s'] * 1e3:.3f} ms, "
-                      f"INT4 draft {o['draft_step_s'] * 1e3:.3f} ms (this model's step is bound by per-layer latency, "
-                      f"not bytes, so halving the bytes saves little). The GGUF's weights are 4-bit already "
+                      f"{o['same_tokens_as_generate']} / {o['requests']}; {timed(o)}; {steps(o, 'INT4 draft')} (this "
+                      f"model's step is bound by per-layer latency, not bytes, so halving the bytes saves little). "
+                      f"The GGUF's weights are 4-bit already "
                       f"(Q4_1), which is why INT4 agrees so often here."]
     x = r.get("ngram_and_prefix")
     if x:
@@ -525,8 +530,7 @@ def render(r: dict[str, Any], command: str) -> str:
                       f"{g['plain_tokens_per_s']:.1f} tokens/s plain ({g['measured_speedup']:.2f}x), and with the "
                       f"time rule, after a warm-up of two {WARM_TOKENS}-token requests, {g['timed_tokens_per_s']:.1f} "
                       f"(**{g['timed_speedup']:.2f}x**; greedy tokens equal to plain: "
-                      f"{g['timed_same_tokens_as_plain']} / {g['requests']}); simulated steps: plain {g['target_step_s'] * 1e3:.3f} ms, the verify of 4 drafts "
-                      f"{g['verify_step_s'] * 1e3:.3f} ms.",
+                      f"{g['timed_same_tokens_as_plain']} / {g['requests']}); {steps(g)}.",
                   "", f"Prefix caching (`--enable-prefix-caching`): {f['requests']} prompts sharing a "
                       f"{f['system_tokens']}-token system prompt, sent one at a time; mean time to first token of all but the first (which fills the "
                       f"cache): {f['ttft_mean_without_s'] * 1e3:.0f} ms without, {f['ttft_mean_with_s'] * 1e3:.0f} ms "

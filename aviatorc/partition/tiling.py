@@ -201,3 +201,9 @@ def tile_weights(specs: list[WeightSpec], unit_k: int, unit_n: int, parts: int, 
             pieces = tile_weight(spec, unit_k, unit_n, count)
         tiles.extend(pieces)
     return tiles
+
+
+def lora_reachable(weight: WeightSpec | Tile) -> bool:
+    """Whether a LoRA adapter may target this weight (or strip): a projection, not an embedding,
+    a tied head or an expert (`aviatorc.runtime.lora` and the SRAM `--lora-rank` reserves)."""
+    return not weight.is_embedding and not weight.tied_to and weight.expert < 0

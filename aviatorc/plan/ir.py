@@ -413,9 +413,8 @@ class Program:
     # -- text ----------------------------------------------------------------------------
 
     def to_text(self) -> str:
-        w = self.workload
-        positions = f" positions={w.positions}" if w.positions != 1 else ""
-        lines = [f"program {self.phase} batch={w.batch} context={w.context} prompt={w.prompt}{positions}"]
+        fields = " ".join(f"{key}={value}" for key, value in self.workload.to_dict().items())
+        lines = [f"program {self.phase} {fields}"]
         for b in self.buffers.values():
             holds = f" tile={tile_name(b.tile)}" if b.tile is not None else (
                 f" layer={b.layer}" if b.layer is not None else "")
@@ -693,9 +692,7 @@ def parse_program(text: str) -> Program:
         raise ModelFormatError("plan text must start with 'program PHASE ...'")
     head = lines[0].split()
     try:
-        kv = dict(part.split("=", 1) for part in head[2:])
-        program = Program(head[1], Workload(int(kv["batch"]), int(kv["context"]), int(kv["prompt"]),
-                                            int(kv.get("positions", 1))))
+        program = Program(head[1], _workload({key: int(value) for key, value in (part.split("=", 1) for part in head[2:])}))
     except (KeyError, ValueError, IndexError) as error:
         raise ModelFormatError(f"plan text line 1: malformed header ({error}): {lines[0]}") from None
     if program.phase not in PHASES:

@@ -80,6 +80,7 @@ def targets(graph: Graph) -> dict[str, list[Target]]:
     """Module path (dots, the weight's name before `.weight`) -> the columns it owns, for every
     MatMul weight of the graph (a fused q/k/v weight: each projection's columns under its own
     name as well as the fused name)."""
+    from aviatorc.partition.tiling import lora_reachable
     from aviatorc.partition.weights import weights_from_graph
     from aviatorc.passes.fuse_qkv import ROLE_TOKENS
 
@@ -89,7 +90,7 @@ def targets(graph: Graph) -> dict[str, list[Target]]:
     found: dict[str, list[Target]] = {}
     for spec in weights_from_graph(graph):
         readers = [name for name in spec.nodes if name in nodes and nodes[name].op == "MatMul"]
-        if spec.is_embedding or spec.tied_to or spec.expert >= 0 or not readers:  # as `memory.lora_target`
+        if not lora_reachable(spec) or not readers:
             continue
         # The name up to its `.weight` (a quantized one is stored as `NAME.weight.values` and scales).
         path = spec.name[:spec.name.rindex(".weight")] if ".weight" in spec.name else spec.name

@@ -50,7 +50,7 @@ from typing import Any
 
 from aviatorc.ir import Node, Value
 from aviatorc.partition.placement import Placement
-from aviatorc.partition.tiling import Tile
+from aviatorc.partition.tiling import Tile, lora_reachable
 from aviatorc.plan.ir import (
     Buffer,
     Compute,
@@ -68,7 +68,7 @@ from aviatorc.plan.ir import (
     Workload,
     block_value,
 )
-from aviatorc.schedule.memory import MemoryPlan, lora_target
+from aviatorc.schedule.memory import MemoryPlan
 from aviatorc.schedule.model import ModelFacts, TileUse, layer_runs
 from aviatorc.target import Target
 
@@ -328,7 +328,7 @@ class _Builder:
                     flops = 2 * tokens * tile.k * (stop - start)
                     part_bytes = math.ceil(self.value_bytes(out) * (stop - start) / max(1, rows_total))
                 fields = dict(node=node.name, flops=flops, bytes=read, vector_bytes=0, kind=tile.format.kind, part=part)
-                if self.workload.lora_rank and node.op != "Gather" and lora_target(tile):
+                if self.workload.lora_rank and node.op != "Gather" and lora_reachable(tile):
                     # LoRA adapters beside it: each token's x @ A, then those columns of (x A) @ B,
                     # reading the slices of as many adapters as the step's sequences can run.
                     low = self.workload.lora_rank * (tile.k + stop - start)

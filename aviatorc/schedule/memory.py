@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 
 from aviatorc.errors import InfeasibleError, OptionError
 from aviatorc.partition.placement import Placement
-from aviatorc.partition.tiling import Tile
+from aviatorc.partition.tiling import Tile, lora_reachable
 from aviatorc.plan.ir import Workload
 from aviatorc.plan.plan import KVWindow, MemoryFigures
 from aviatorc.schedule.model import ModelFacts, layer_runs
@@ -223,11 +223,7 @@ def lora_bytes(tiles: Sequence[Tile], workload: Workload) -> int:
     head or an expert), its columns of B [r, n] and a copy of A [k, r], on the chiplet computing it."""
     if not workload.lora_rank or not workload.max_loras:
         return 0
-    return sum((t.k + t.n) * workload.lora_rank * 2 * workload.max_loras for t in tiles if lora_target(t))
-
-
-def lora_target(tile: Tile) -> bool:
-    return not tile.is_embedding and not tile.tied_to and tile.expert < 0
+    return sum((t.k + t.n) * workload.lora_rank * 2 * workload.max_loras for t in tiles if lora_reachable(t))
 
 
 def _prefill_passes(facts: ModelFacts, target: Target, prompt_tokens: int, block: int, ring: int) -> tuple[int, int]:
