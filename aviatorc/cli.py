@@ -194,8 +194,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-sinks", type=int, default=None, metavar="N",
                    help=f"with --kv-recent: the first positions always kept (attention sinks; default {DEFAULTS.kv_sinks})")
     p.add_argument("--prefill", choices=PREFILL_CHOICES, default=DEFAULTS.prefill,
-                   help="prefill schedule: stationary streams each weight once per pass over the prompt "
-                        "(default); chunked re-streams the weights per chunk and leaves the decode step more SRAM")
+                   help="prefill schedule: stationary streams each weight once per pass over the prompt; "
+                        "pipelined does too with each layer on its home's card, reading copies of its weights from "
+                        "that card's LPDDR so that the prompt's activations stay on the card (large prompts over "
+                        "several cards); chunked re-streams the weights per chunk and leaves the decode step more "
+                        "SRAM; auto (default) takes pipelined where it is estimated to pay, else stationary")
     p.add_argument("--lora-rank", type=int, default=DEFAULTS.lora_rank, metavar="R",
                    help="reserve SRAM beside the weights for LoRA adapters of rank up to R, and count their work in "
                         "the prediction (aviatorc serve --lora); default: none")

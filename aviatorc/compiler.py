@@ -147,9 +147,11 @@ def _routing_line(routing: Mapping[str, Any] | None) -> list[str]:
 
 def _prefill_schedule(prefill: dict[str, Any], memory: dict[str, Any]) -> str:
     passes, tokens = prefill.get("chunks", 1), prefill.get("chunk_tokens", 0)
+    copies = memory.get("prefill_copies") or {}
+    by_card = f"; each layer on its home's card, {len(copies):,} streamed tile(s) read from a copy there" if copies else ""
     if memory.get("prefill_block_tokens"):
         return (f"weight-stationary, {passes} pass(es) of {tokens:,} tokens, each streaming the weights once "
-                f"(blocks of {memory['prefill_block_tokens']:,} tokens)")
+                f"(blocks of {memory['prefill_block_tokens']:,} tokens){by_card}")
     return f"chunked, {passes} chunk(s) of {tokens:,} tokens, each streaming the weights again"
 
 

@@ -28,7 +28,7 @@ ACTIVATION_METHODS = ("minmax", "percentile")
 KV_CACHE_CHOICES = ("auto", "sram", "lpddr")
 KV_DTYPE_CHOICES = ("fp16", "bf16", "int8")
 SOLVER_CHOICES = ("auto", "cpsat", "greedy")  # the partitioner's (partition.AUTO_GAP)
-PREFILL_CHOICES = ("stationary", "chunked")  # aviatorc.schedule.memory.PREFILL_SCHEDULES
+PREFILL_CHOICES = ("auto", "stationary", "pipelined", "chunked")  # aviatorc.schedule.memory.PREFILL_SCHEDULES
 DEFAULT_GROUP_SIZE = 32  # int4 and MX when group_size is None; int8 stays per output channel
 
 
@@ -81,8 +81,11 @@ class CompileOptions:
     routing: str | None = None
     # The prefill schedule: "stationary" streams each weight once per pass over the prompt (its
     # SRAM for a layer's staged tiles and the pass's hand-off comes from the weights, so a decode
-    # step streams a little more); "chunked" re-streams every weight per chunk, as main did.
-    prefill: str = "stationary"
+    # step streams a little more); "pipelined" is the same with each layer on its home's card,
+    # reading copies of its streamed tiles from that card's LPDDR, so that a pass's activations
+    # stay on the card (for large prompts over several cards); "chunked" re-streams every weight
+    # per chunk, as main did; "auto" takes pipelined where it is estimated to pay, else stationary.
+    prefill: str = "auto"
     # Confine the placement to these chiplets (resident tiles and compute), so that models can
     # share a server in isolation: "0-7,12" (--chiplets), range(0, 8) or a tuple; None: all.
     chiplets: tuple[int, ...] | None = None

@@ -110,7 +110,7 @@ class PlanCheckError(AviatorError):
 def check_plan(plan: Plan, target: Target) -> None:
     """Check every program of `plan` against its tiles on `target`, within `plan.chiplets`."""
     for phase in sorted(plan.programs):
-        check_program(plan.programs[phase], plan.tiles, target, chiplets=plan.chiplets)
+        check_program(plan.programs[phase], plan.tiles_in(phase, target), target, chiplets=plan.chiplets)
 
 
 def check_program(program: Program, tiles: Sequence[PlannedTile], target: Target, *, chiplets: Sequence[int]) -> None:

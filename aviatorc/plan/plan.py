@@ -14,7 +14,7 @@ it comes from.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from aviatorc.errors import AviatorError, ModelFormatError
@@ -25,11 +25,11 @@ from aviatorc.plan.records import from_json, to_json
 if TYPE_CHECKING:
     from aviatorc.target import Target
 
-PLAN_SCHEMA_VERSION = 6
-READABLE_PLAN_SCHEMAS = (2, 3, 4, 5, 6)  # an older plan's missing fields take their defaults (FIELDS_SINCE)
+PLAN_SCHEMA_VERSION = 7
+READABLE_PLAN_SCHEMAS = (2, 3, 4, 5, 6, 7)  # an older plan's missing fields take their defaults (FIELDS_SINCE)
 # The memory fields each version added: 3, a bounded KV cache; 4, the weight-stationary prefill.
 FIELDS_SINCE = {"kv_sinks": 3, "kv_recent": 3, "prefill_block_tokens": 4, "prefill_staging_bytes_per_chiplet": 4,
-                "lora_bytes_per_chiplet": 6}
+                "lora_bytes_per_chiplet": 6, "prefill_copies": 7}
 PREDICTION_FIELDS_SINCE = {"routing": 5, "verify": 6}  # 5: a mixture of experts' routed step; 6: verify steps
 
 
@@ -98,6 +98,9 @@ class MemoryFigures:
     prefill_staging_bytes_per_chiplet: int = 0
     # LoRA adapters (the workload's lora_rank, max_loras): their A and B matrices, spread over the chiplets.
     lora_bytes_per_chiplet: int = 0
+    # A pipelined prefill: streamed tile -> the chiplet whose LPDDR channel holds its copy, which
+    # loads and computes it in the prefill program (the decode program reads the tile as `tiles` say).
+    prefill_copies: dict[int, int] = field(default_factory=dict)
 
     @property
     def kv_window(self) -> KVWindow | None:
@@ -249,6 +252,15 @@ class Plan:
     def tile_id(self, index: int) -> str:
         return tile_name(index)
 
+    def tiles_in(self, phase: str, target: Target) -> tuple[PlannedTile, ...]:
+        """The tiles as `phase`'s program reads them: in a pipelined prefill, a copied tile streams
+        from its copy's chiplet's channel and computes there (`MemoryFigures.prefill_copies`)."""
+        copies = self.memory.prefill_copies if phase == "prefill" else {}
+        if not copies:
+            return self.tiles
+        return tuple(replace(tile, channel=target.channel_of(copies[t]), compute_chiplet=copies[t])
+                     if t in copies else tile for t, tile in enumerate(self.tiles))
+
     # -- JSON ----------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
@@ -309,7 +321,7 @@ class Plan:
             if program.phase != phase:
                 raise ModelFormatError(f"{where}: programs.{phase} holds a '{program.phase}' program")
             programs[phase] = program
-        return cls(
+        plan = cls(
             target_name=target.name, target_sha256=target.sha256,
             workload=from_json(_StoredWorkload, data["workload"], f"{where}: workload").workload,
             chiplets=from_json(_Chiplets, {"chiplets": data["chiplets"]}, where).chiplets,
@@ -322,6 +334,11 @@ class Plan:
             notes=from_json(_Notes, {"notes": data["notes"]}, where).notes,
             tensor_dtypes=from_json(_Dtypes, {"dtypes": data["tensor_dtypes"]}, where).dtypes,
         )
+        for t, c in sorted(plan.memory.prefill_copies.items()):
+            if not 0 <= t < len(plan.tiles) or plan.tiles[t].channel is None or c not in plan.chiplets:
+                raise ModelFormatError(f"{where}: memory.prefill_copies names tile {t} on chiplet {c}: a copy is of a "
+                                       f"streamed tile, on one of the plan's chiplets")
+        return plan
 
 
 # Small records that let `from_json` check plan.json's plain sections.

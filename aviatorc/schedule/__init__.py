@@ -31,7 +31,13 @@ from aviatorc.schedule.bound import BoundInputs, physical_bound
 from aviatorc.schedule.build import build_program
 from aviatorc.schedule.cold import cold_start
 from aviatorc.schedule.forked import forked_map
-from aviatorc.schedule.memory import MemoryPlan, kv_beside_weights, plan_memory
+from aviatorc.schedule.memory import (
+    MemoryPlan,
+    kv_beside_weights,
+    plan_memory,
+    prefill_copies,
+    with_prefill_copies,
+)
 from aviatorc.schedule.model import ModelFacts, model_facts
 from aviatorc.schedule.ranges import figure_ranges
 from aviatorc.schedule.routed import expert_members, predicted_steps, prefill_activity, routed_steps
@@ -56,6 +62,9 @@ PREFILL_NOTES = {
     "stationary": "a weight-stationary prefill runs in passes over the prompt, each streaming the weights once "
                   "(its token blocks run through a layer while the layer's streamed tiles stay staged): TTFT is "
                   "passes x one pass's time",
+    "pipelined": "a pipelined prefill runs in passes over the prompt, each streaming the weights once, each layer "
+                 "on its home's card (reading its streamed tiles from a copy in that card's LPDDR), the cards in "
+                 "turn: TTFT is passes x one pass's time",
     "chunked": "a chunked prefill runs in chunks, each streaming the weights again: TTFT is chunks x one chunk's time",
 }
 
@@ -71,8 +80,10 @@ def schedule(graph: Graph, placement: Placement, weights: Sequence[WeightSpec], 
     facts = facts or model_facts(graph, placement.tiles)
     allowed = tuple(sorted(chiplets if chiplets is not None else range(target.num_chiplets)))
     memory = kv_beside_weights(memory, placement, facts, target)
+    memory = dataclasses.replace(memory, prefill_copies=prefill_copies(placement, memory, target, allowed))
     routing = routing if routing is not None and routing.blocks else None
-    programs = {phase: build_program(facts, placement, target, memory, workload, phase, chiplets=allowed,
+    placed = {"decode": placement, "prefill": with_prefill_copies(placement, memory.prefill_copies, target)}
+    programs = {phase: build_program(facts, placed[phase], target, memory, workload, phase, chiplets=allowed,
                                      prefetch=prefetch, routed=routing is not None) for phase in ("decode", "prefill")}
     activities: dict[str, Activity] = {}
     routed = None

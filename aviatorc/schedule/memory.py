@@ -26,7 +26,12 @@ in what is really left (`reserve_bytes`, one figure per chiplet):
   `PREFILL_STAGING_LAYERS` of the largest layer's bytes spread over the chiplets (the scheduler
   re-loads per block what a chiplet cannot hold). The program may time several of these blocks
   as one (`program_blocks`): they still run one after another through the layer,
-  so the SRAM is the same. `"chunked"` is the schedule main had: chunks of one block each,
+  so the SRAM is the same. `"pipelined"` is the same pass with each layer on its home's card: the
+  layer's streamed tiles are read from a copy in that card's LPDDR (`prefill_copies`), so a pass's
+  activations cross cards only where the homes change card, and the cards work in turn; a
+  chiplet then stages its card's share of a layer, so a decode step keeps less resident. It pays
+  when a pass's activations are large (a large batch of prompts over several cards), and `"auto"`
+  (the default) takes it where `_pipelined_pays` estimates it does. `"chunked"` is the schedule main had: chunks of one block each,
   every chunk streaming every weight again, with no SRAM beyond the decode step's taken from
   the weights.
 - Staging: a streamed tile (or KV block) is loaded in chunks of at most `stage_chunk_bytes`
@@ -43,7 +48,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from aviatorc.errors import InfeasibleError, OptionError
 from aviatorc.partition.placement import Placement
@@ -59,7 +64,7 @@ KV_MODES = ("auto", "sram", "lpddr")
 PREFILL_SCRATCH_SHARE = 1 / 32  # of a chiplet's SRAM: a prefill block's activations
 PREFILL_HOLD_SHARE = 1 / 8  # of a chiplet's SRAM: a chiplet's share of a pass's hand-off between layers
 PREFILL_STAGING_LAYERS = 1.0  # a layer's streamed tiles, held for its blocks (1.5 gained 0.3% TTFT on Llama-3-8B)
-PREFILL_SCHEDULES = ("stationary", "chunked")
+PREFILL_SCHEDULES = ("auto", "stationary", "pipelined", "chunked")
 PREFILL_BLOCKS_IN_FLIGHT = 2  # a stationary pass's blocks in flight at once (build.WAVEFRONT_LAG = 1/2)
 PIPELINE_BLOCKS = 4  # a prefill pass's blocks in the program (more: finer overlap, a longer program)
 # ... of at least this many tokens: on Llama-3-70B x4 at batch 1 (128 prompt tokens) 1, 2 and 4 blocks
@@ -101,10 +106,8 @@ class MemoryPlan:
     prefill_block_tokens: int = 0  # tokens per block of a pass (0: the whole pass is one block)
     prefill_staging_bytes: int = 0  # per chiplet: a prefill layer's staged tiles (0: as the decode step's)
     lora_bytes: int = 0  # per chiplet: LoRA adapters' matrices (`lora_bytes`), part of reserve_bytes
-
-    @property
-    def prefill_schedule(self) -> str:
-        return "stationary" if self.prefill_block_tokens else "chunked"
+    prefill_schedule: str = "stationary"  # "stationary", "pipelined" or "chunked" ("auto" resolved)
+    prefill_copies: dict[int, int] = field(default_factory=dict)  # pipelined: tile -> chiplet (`prefill_copies`)
 
     @property
     def prefill_blocks(self) -> int:
@@ -121,7 +124,7 @@ class MemoryPlan:
                              kv_sinks=window.sinks if window else 0, kv_recent=window.recent if window else 0,
                              prefill_block_tokens=self.prefill_block_tokens,
                              prefill_staging_bytes_per_chiplet=self.prefill_staging_bytes,
-                             lora_bytes_per_chiplet=self.lora_bytes)
+                             lora_bytes_per_chiplet=self.lora_bytes, prefill_copies=dict(self.prefill_copies))
 
 
 def program_blocks(pass_tokens: int, block_tokens: int) -> int:
@@ -151,10 +154,13 @@ def plan_memory(facts: ModelFacts, tiles: Sequence[Tile], target: Target, worklo
     if workload.batch < 1 or workload.context < 0 or workload.prompt < 1:
         raise OptionError(f"batch, context and prompt must be positive (batch={workload.batch}, "
                           f"context={workload.context}, prompt={workload.prompt})")
+    if prefill == "auto":
+        prefill = "pipelined" if _pipelined_pays(facts, tiles, target, workload, chiplets) else "stationary"
     decode_peak = activation_peak_bytes(facts, target, workload.tokens("decode"), workload.tokens("decode"))
     budget = max(decode_peak, int(PREFILL_SCRATCH_SHARE * target.chiplet.sram_bytes))
     # The stationary prefill's blocks run as a wavefront, PREFILL_BLOCKS_IN_FLIGHT at a time (build.py).
-    in_flight = PREFILL_BLOCKS_IN_FLIGHT if prefill == "stationary" else 1
+    stationary = prefill != "chunked"
+    in_flight = PREFILL_BLOCKS_IN_FLIGHT if stationary else 1
     block = workload.tokens("prefill")
     while block > 1 and in_flight * activation_peak_bytes(facts, target, block, workload.batch, refuse=False) > budget:
         block = math.ceil(block / 2)
@@ -164,11 +170,12 @@ def plan_memory(facts: ModelFacts, tiles: Sequence[Tile], target: Target, worklo
     narrowest = max((t.format.storage_bytes(t.k, min(t.n, target.matrix_unit_n)) for t in tiles), default=0)
     stage_chunk = max(1, narrowest, min(largest_tile, int(STAGE_CHUNK_SHARE * target.chiplet.sram_bytes)))
     staging = STAGING_DEPTH * stage_chunk
-    if prefill == "stationary":
+    if stationary:
         ring = min(sum(1 for c in chiplets if target.card_of(c) == card) for card in {target.card_of(c) for c in chiplets})
         passes, hold = _prefill_passes(facts, target, workload.tokens("prefill"), block, ring)
-        prefill_staging = max(staging, math.ceil(PREFILL_STAGING_LAYERS * _largest_layer_bytes(facts, tiles)
-                                                 / len(chiplets)))
+        # A layer's streamed tiles are staged on every chiplet, or with "pipelined" on its home's card.
+        sharing = ring if prefill == "pipelined" else len(chiplets)
+        prefill_staging = max(staging, math.ceil(PREFILL_STAGING_LAYERS * _largest_layer_bytes(facts, tiles) / sharing))
     else:
         passes, hold, prefill_staging = block, 0, staging
     scratch = max(decode_peak, block_peak + hold)
@@ -213,8 +220,8 @@ def plan_memory(facts: ModelFacts, tiles: Sequence[Tile], target: Target, worklo
                      chunk_bytes=kv_chunk, tokens=held_tokens, window=kv_window)
     return MemoryPlan(kv=kv_plan, scratch_bytes=scratch, prefill_chunk_tokens=passes, staging_bytes=staging,
                       stage_chunk_bytes=stage_chunk, reserve_bytes=tuple(reserve),
-                      prefill_block_tokens=block if prefill == "stationary" else 0,
-                      prefill_staging_bytes=prefill_staging, lora_bytes=adapters)
+                      prefill_block_tokens=block if stationary else 0,
+                      prefill_staging_bytes=prefill_staging, lora_bytes=adapters, prefill_schedule=prefill)
 
 
 def lora_bytes(tiles: Sequence[Tile], workload: Workload) -> int:
@@ -244,6 +251,88 @@ def prefill_hold_bytes(facts: ModelFacts, target: Target, pass_tokens: int, bloc
     whole = layer_runs(facts).held_elements_per_token * target.activation_bytes_per_element * pass_tokens
     blocks = program_blocks(pass_tokens, block)
     return math.ceil(whole * min(1.0, 2 * math.ceil(blocks / max(1, ring)) / blocks))
+
+
+def _pipelined_pays(facts: ModelFacts, tiles: Sequence[Tile], target: Target, workload: Workload,
+                    chiplets: Sequence[int]) -> bool:
+    """Whether a pipelined prefill should take less time than a stationary one, estimated before
+    placement from what binds each. Stationary: a layer's weights are spread over every card, so
+    each weight node's input goes from its layer's home card to the others and its output comes
+    back, one layer after another (`_card_crossing_s`), while every channel streams at once.
+    Pipelined: the cards stream their layers' share from their own channels in turn. Both stream
+    what SRAM cannot hold; with nothing streamed there is nothing to copy."""
+    cards = len({target.card_of(c) for c in chiplets})
+    stored = sum(t.storage_bytes for t in tiles)
+    streamed = stored - HOME_CARDS_FILL * target.chiplet.sram_bytes * len(chiplets)
+    if cards < 2 or streamed <= 0:
+        return False
+    spread_s = streamed / (len({target.channel_of(c) for c in chiplets}) * target.channel_bytes_per_s)
+    return cards * spread_s < max(spread_s, _card_crossing_s(facts, target, workload.tokens("prefill"), cards))
+
+
+def _card_crossing_s(facts: ModelFacts, target: Target, tokens: int, cards: int) -> float:
+    """A pass's activations between cards when every weight is spread over `cards` cards: each
+    weight node's input broadcast to the other cards, its output gathered back from them, through
+    one card-to-card port at a time."""
+    elements = 0.0
+    for name in facts.uses:
+        node = facts.node(name)
+        source = node.inputs[0]
+        if source is None or node.op == "Gather" or any(out.name in facts.outputs for out in node.outputs):
+            continue  # lookups and the output head (each sequence's last token) move little
+        elements += (facts.elements_per_token(source.name) * (cards - 1)
+                     + facts.elements_per_token(node.outputs[0].name) * (cards - 1) / cards)
+    return target.links[2].transfer_s(elements * tokens * target.activation_bytes_per_element)
+
+
+def prefill_copies(placement: Placement, memory: MemoryPlan, target: Target, chiplets: Sequence[int]) -> dict[int, int]:
+    """A pipelined prefill's copies of the streamed tiles: each one whose channel is on another card
+    than its layer's home gets a copy in the LPDDR of a chiplet on the home's card, the one with
+    the fewest of the layer's streamed bytes so far (a layer's loads spread over the card's
+    channels), while that card's LPDDR has room; the prefill loads and computes it there. The
+    decode step is unchanged. Returns tile -> that chiplet."""
+    if memory.prefill_schedule != "pipelined":
+        return {}
+    num_c, homes = placement.num_chiplets, memory.kv.chiplet_of_layer
+    ring: dict[int, list[int]] = {}
+    for c in sorted(chiplets):
+        ring.setdefault(target.card_of(c), []).append(c)
+    used = dict.fromkeys(range(target.cards), 0)  # LPDDR bytes per card
+    load: dict[tuple[int, int], int] = {}  # (layer, chiplet) -> the layer's streamed bytes it loads in a prefill
+    moving: list[int] = []
+    for t, (tile, w) in enumerate(zip(placement.tiles, placement.where, strict=True)):
+        if w < num_c or not tile.storage_bytes:
+            continue
+        used[target.card_of_channel(w - num_c)] += tile.storage_bytes
+        home = homes.get(tile.layer)
+        if home is None or target.card_of_channel(w - num_c) == target.card_of(home):
+            key = (tile.layer, placement.compute_chiplet[t])
+            load[key] = load.get(key, 0) + tile.storage_bytes
+        else:
+            moving.append(t)
+    copies: dict[int, int] = {}
+    for t in moving:
+        tile = placement.tiles[t]
+        card = target.card_of(homes[tile.layer])
+        if used[card] + tile.storage_bytes > target.lpddr_bytes_per_card:
+            continue  # no room for the copy: the tile is read where it is, its activations cross cards
+        c = min(ring[card], key=lambda c: (load.get((tile.layer, c), 0), c))
+        copies[t] = c
+        used[card] += tile.storage_bytes
+        load[(tile.layer, c)] = load.get((tile.layer, c), 0) + tile.storage_bytes
+    return copies
+
+
+def with_prefill_copies(placement: Placement, copies: dict[int, int], target: Target) -> Placement:
+    """The placement as a pipelined prefill reads it: each copied tile streamed from its copy's
+    chiplet's channel and computed there."""
+    if not copies:
+        return placement
+    num_c = placement.num_chiplets
+    where, compute = list(placement.where), list(placement.compute_chiplet)
+    for t, c in copies.items():
+        where[t], compute[t] = num_c + target.channel_of(c), c
+    return replace(placement, where=tuple(where), compute_chiplet=tuple(compute))
 
 
 def _largest_layer_bytes(facts: ModelFacts, tiles: Sequence[Tile]) -> int:
@@ -346,7 +435,10 @@ def kv_beside_weights(memory: MemoryPlan, placement: Placement, facts: ModelFact
     owners = dict(kv.chiplet_of_layer)
     in_sram = kv.location == "sram"
     for layer in sorted(owners):
-        candidates = sorted(work.get(layer, {}).items(), key=lambda item: (-item[1], item[0]))
+        # On a tie the cache stays: dealt to the first chiplet of each tie, every layer whose weights
+        # spread evenly over the chiplets went to chiplet 0, and on 4 cards one card's port carried
+        # every layer's prefill activations to the others.
+        candidates = sorted(work.get(layer, {}).items(), key=lambda item: (-item[1], item[0] != owners[layer], item[0]))
         nbytes = kv.bytes_per_layer.get(layer, 0) if in_sram else 0
         for c, _ in candidates:
             if c == owners[layer]:
