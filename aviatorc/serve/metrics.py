@@ -16,20 +16,47 @@ Names follow vLLM's where one exists, under `aviatorc_`; every series carries th
     aviatorc_spec_decode_num_drafts_total     counter    verifications (a sequence's drafts checked in a
                                                          step): tokens per verification = 1 + accepted / it
     aviatorc_prefix_cache_queries_total / _hits_total  counter  prompt tokens looked up / found cached
+
+The same series also appear under vLLM's own names (`VLLM_ALIASES`: `vllm:num_requests_running`,
+`vllm:kv_cache_usage_perc`, ...; the label `model_name`, finished requests as
+`vllm:request_success_total{finished_reason}`), so that dashboards and autoscalers built for vLLM
+read this server unchanged. They are the same values, renamed at exposition, never counted twice.
+A sequence holds its whole KV slot here, so `vllm:kv_cache_usage_perc` is the slots in use.
 """
 
 from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from aviatorc.serve.engine import GenerationRequest
 
 # Buckets from 1 ms (a tiny model's step on this CPU) to a minute (a long prompt on a big one).
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _WINDOW_S = 10.0
+# Our family -> vLLM's name for it (https://docs.vllm.ai/en/stable/usage/metrics/).
+VLLM_ALIASES = {
+    "aviatorc_num_requests_running": "vllm:num_requests_running",
+    "aviatorc_num_requests_waiting": "vllm:num_requests_waiting",
+    "aviatorc_batch_occupancy": "vllm:kv_cache_usage_perc",
+    "aviatorc_prompt_tokens": "vllm:prompt_tokens",
+    "aviatorc_generation_tokens": "vllm:generation_tokens",
+    "aviatorc_time_to_first_token_seconds": "vllm:time_to_first_token_seconds",
+    "aviatorc_time_per_output_token_seconds": "vllm:time_per_output_token_seconds",
+    "aviatorc_e2e_request_latency_seconds": "vllm:e2e_request_latency_seconds",
+    "aviatorc_requests": "vllm:request_success",
+    "aviatorc_prefix_cache_queries": "vllm:prefix_cache_queries",
+    "aviatorc_prefix_cache_hits": "vllm:prefix_cache_hits",
+    "aviatorc_spec_decode_draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "aviatorc_spec_decode_accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+    "aviatorc_spec_decode_num_drafts": "vllm:spec_decode_num_drafts",
+}
+_FINISHED = ("stop", "length")  # the outcomes vLLM counts as request_success (its finished_reason)
 
 
 class Registry:
@@ -65,9 +92,11 @@ class Registry:
                                       m, registry=r)
         self.prefix_hits = Counter("aviatorc_prefix_cache_hits", "Prompt tokens found in the prefix cache", m,
                                    registry=r)
+        self.vllm = CollectorRegistry()
+        self.vllm.register(_Aliases(self.registry))
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + generate_latest(self.vllm)
 
     def model(self, name: str) -> Metrics:
         return Metrics(self, name)
@@ -133,3 +162,26 @@ class Metrics:
         while self._recent and self._recent[0] < now - _WINDOW_S:
             self._recent.popleft()
         self.f.rate.labels(self.model).set(len(self._recent) / _WINDOW_S)
+
+
+class _Aliases(Collector):
+    """`VLLM_ALIASES`: the families of `source` under vLLM's names and labels, read at each scrape."""
+
+    def __init__(self, source: CollectorRegistry) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.source.collect():
+            alias = VLLM_ALIASES.get(family.name)
+            if alias is None:
+                continue
+            metric = Metric(alias, family.documentation, family.type)
+            for sample in family.samples:
+                labels = dict(sample.labels)
+                labels["model_name"] = labels.pop("model")
+                if "outcome" in labels:
+                    if labels["outcome"] not in _FINISHED:
+                        continue
+                    labels["finished_reason"] = labels.pop("outcome")
+                metric.add_sample(alias + sample.name[len(family.name):], labels, sample.value, sample.timestamp)
+            yield metric

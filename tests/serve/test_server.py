@@ -263,6 +263,32 @@ def test_a_full_queue_answers_429_and_a_disconnect_frees_the_slot(server):
     assert out.status_code == 200 and out.json()["usage"]["completion_tokens"] == 3
 
 
+def test_metrics_also_carry_vllms_names(server, client):
+    """Every aliased family (`VLLM_ALIASES`) appears under vLLM's name with the label `model_name`
+    and the same values in the same scrape; finished requests by their finished_reason."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from aviatorc.serve.metrics import VLLM_ALIASES
+
+    client.completions.create(model="llama", prompt=[70, 71], max_tokens=4, temperature=0,
+                              extra_body={"ignore_eos": True})
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)}
+    for ours, theirs in VLLM_ALIASES.items():
+        expected = {}
+        for sample in families[ours].samples:
+            labels = {("model_name" if k == "model" else "finished_reason" if k == "outcome" else k): v
+                      for k, v in sample.labels.items()}
+            if labels.get("finished_reason", "stop") in ("stop", "length"):
+                expected[(theirs + sample.name[len(ours):], tuple(sorted(labels.items())))] = sample.value
+        got = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in families[theirs].samples}
+        assert got == expected, theirs
+    success = {s.labels["finished_reason"]: s.value for s in families["vllm:request_success"].samples
+               if s.name.endswith("_total")}
+    assert success["length"] >= 1 and set(success) <= {"stop", "length"}
+    assert families["vllm:generation_tokens"].samples and families["vllm:kv_cache_usage_perc"].samples
+    assert all(s.labels["model_name"] == "llama" for s in families["vllm:num_requests_running"].samples)
+
+
 def test_metrics_count_tokens_and_outcomes(server, client):
     before = metric(server, "aviatorc_generation_tokens_total")
     length_before = metric(server, "aviatorc_requests_total", outcome="length")
