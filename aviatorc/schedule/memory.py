@@ -161,7 +161,13 @@ def plan_memory(facts: ModelFacts, tiles: Sequence[Tile], target: Target, worklo
         raise OptionError(f"batch, context and prompt must be positive (batch={workload.batch}, "
                           f"context={workload.context}, prompt={workload.prompt})")
     if prefill == "auto":
-        prefill = "pipelined" if _pipelined_pays(facts, tiles, target, workload, chiplets) else "stationary"
+        if _pipelined_pays(facts, tiles, target, workload, chiplets):
+            try:
+                return plan_memory(facts, tiles, target, workload, chiplets=chiplets, kv=kv, kv_dtype=kv_dtype,
+                                   kv_window=kv_window, prefill="pipelined")
+            except InfeasibleError:
+                pass  # a card's share of a layer does not fit beside the caches: the stationary prefill may
+        prefill = "stationary"
     decode_peak = activation_peak_bytes(facts, target, workload.tokens("decode"), workload.tokens("decode"))
     budget = max(decode_peak, int(PREFILL_SCRATCH_SHARE * target.chiplet.sram_bytes))
     # The stationary prefill's blocks run as a wavefront, PREFILL_BLOCKS_IN_FLIGHT at a time (build.py).

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import aviatorc
-from aviatorc.errors import ModelFormatError
+from aviatorc.errors import InfeasibleError, ModelFormatError
 from aviatorc.models import llama_config
 from aviatorc.plan.check import PlanCheckError, check_plan
 from aviatorc.plan.ir import Load, Program, Send
@@ -67,6 +67,23 @@ def test_auto_takes_the_faster_prefill(plans):
     for batch in (1, 16):
         assert ttft[(batch, "auto")] == min(ttft[(batch, "stationary")], ttft[(batch, "pipelined")])
     assert plans[(16, "auto")].plan.memory.prefill_copies and not plans[(1, "auto")].plan.memory.prefill_copies
+
+
+def test_auto_falls_back_to_the_stationary_prefill_where_the_pipelined_one_cannot_fit(setup, tmp_path, monkeypatch):
+    """With 8 MiB a chiplet, a card's share of a layer (a quarter of it here) does not fit beside the
+    caches: `--prefill pipelined` is refused with the SRAM it needs, and auto, which estimates the
+    pipelined prefill pays at this batch, plans the stationary one instead of failing."""
+    monkeypatch.setattr(memory_module, "PIPELINE_BLOCK_TOKENS", 64)
+    target = tmp_path / "small.toml"
+    target.write_text(load_target("corsair", cards=2, overrides={"chiplet.sram_bytes": 8 * 2**20}).to_toml())
+
+    def compile_with(prefill: str) -> aviatorc.CompileResult:
+        return aviatorc.compile(str(setup[0]), target=str(target), quant="int4", batch=16, context=512, prompt=128,
+                                chiplets=CHIPLETS, sweep=False, ranges=False, prefill=prefill)
+
+    with pytest.raises(InfeasibleError, match="weight staging"):
+        compile_with("pipelined")
+    assert not compile_with("auto").plan.memory.prefill_copies
 
 
 def test_a_pipelined_prefill_reads_each_layer_on_its_homes_card(plans):
