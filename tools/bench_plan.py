@@ -66,17 +66,18 @@ def target_path(folder: Path, cards: int) -> str:
     return str(path)
 
 
-def compile_case(config: Path, folder: Path, cards: int, batch: int, *, prefill: str = "stationary") -> dict[str, Any]:
+def compile_case(config: Path, folder: Path, cards: int, batch: int, *, prefill: str = "auto") -> dict[str, Any]:
     started = time.perf_counter()
     try:
         result = aviatorc.compile(str(config), target=target_path(folder, cards), quant="int4", batch=batch,
-                                  context=CONTEXT, prompt=PROMPT, ranges=prefill == "stationary", sweep=False,
+                                  context=CONTEXT, prompt=PROMPT, ranges=prefill == "auto", sweep=False,
                                   prefill=prefill)
     except aviatorc.AviatorError as error:  # a case the machine cannot hold: say why
         return {"cards": cards, "batch": batch, "prefill": prefill, "refused": error.message}
-    p = result.plan.prediction
+    p, memory = result.plan.prediction, result.plan.memory
+    taken = "pipelined" if memory.prefill_copies else "stationary" if memory.prefill_block_tokens else "chunked"
     row: dict[str, Any] = {
-        "cards": cards, "batch": batch, "prefill": prefill, "compile_s": time.perf_counter() - started,
+        "cards": cards, "batch": batch, "prefill": taken, "compile_s": time.perf_counter() - started,
         "token_s": p.time_per_token_s, "token_bound_s": p.bound.token_s, "token_binding": p.bound.token_binding,
         "token_efficiency": p.efficiency, "ttft_s": p.ttft_s, "ttft_bound_s": p.bound.ttft_s,
         "ttft_binding": p.bound.ttft_binding, "ttft_efficiency": p.ttft_efficiency, "bound_cards": p.bound.cards,
@@ -165,13 +166,15 @@ def render(data: dict[str, Any]) -> str:
              "prefill on the simulator; bound: computed apart from it (`aviatorc/schedule/bound.py`), with the term "
              "that binds; efficiency = bound / simulated. The range is what the target's assumed figures span "
              "(every one at its favourable end, every one at its unfavourable end), with the assumption that "
-             "moves the figure most. *Chunked* is the same model compiled with `--prefill chunked`, the prefill "
-             "schedule before the weight-stationary one (each chunk streams every weight again); the stationary "
-             "prefill holds a layer's streamed tiles and the pass's hand-off in SRAM the weights then lack, which "
-             "the decode step pays for.", "",
+             "moves the figure most. Each plan is compiled with the default prefill (`--prefill auto`: the "
+             "weight-stationary one, or on several cards at a large batch the pipelined one, each layer on its "
+             "home's card; *prefill* says which). *Chunked* is the same model compiled with `--prefill chunked`, "
+             "the prefill schedule before the weight-stationary one (each chunk streams every weight again); the "
+             "default's prefill holds a layer's streamed tiles and the pass's hand-off in SRAM the weights then "
+             "lack, which the decode step pays for.", "",
              "### Time per token (decode)", "",
              "| model | cards | batch | simulated ms | range ms | most sensitive to | bound ms | binds | efficiency | "
-             "chunked ms | stationary / chunked |",
+             "chunked ms | default / chunked |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     rows = data["rows"]
     for r in rows:
@@ -183,14 +186,14 @@ def render(data: dict[str, Any]) -> str:
                      f"{ms(r['token_bound_s'])} | {r['token_binding']} | {r['token_efficiency']:.3f} | "
                      f"{ms(r.get('chunked_token_s'))} | {ratio(r['token_s'], r.get('chunked_token_s'))} |")
     lines += ["", "### Time to first token (prefill)", "",
-              "| model | cards | batch | simulated ms | range ms | most sensitive to | bound ms | binds | efficiency | "
-              "passes | chunked ms | chunks | chunked / stationary | within 1.5x of the bound |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| model | cards | batch | prefill | simulated ms | range ms | most sensitive to | bound ms | binds | "
+              "efficiency | passes | chunked ms | chunks | chunked / default | within 1.5x of the bound |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "refused" in r:
             continue
-        lines.append(f"| {r['model']} | {r['cards']} | {r['batch']} | {ms(r['ttft_s'])} | "
-                     f"{ms(r.get('ttft_low_s'))} - {ms(r.get('ttft_high_s'))} | {r.get('ttft_sensitive') or '-'} | "
+        lines.append(f"| {r['model']} | {r['cards']} | {r['batch']} | {r.get('prefill', 'stationary')} | "
+                     f"{ms(r['ttft_s'])} | {ms(r.get('ttft_low_s'))} - {ms(r.get('ttft_high_s'))} | {r.get('ttft_sensitive') or '-'} | "
                      f"{ms(r['ttft_bound_s'])} | {r['ttft_binding']} | {r['ttft_efficiency']:.3f} | "
                      f"{r['prefill_chunks']} | {ms(r.get('chunked_ttft_s'))} | {r.get('chunked_chunks', '-')} | "
                      f"{ratio(r.get('chunked_ttft_s'), r['ttft_s'])} | "
@@ -204,7 +207,7 @@ def render(data: dict[str, Any]) -> str:
                       f"card(s), batch {worst['batch']}); no row rounds to 0: "
                       f"{'yes' if all(round(r['token_efficiency'], 3) > 0 for r in done) else 'NO'}. "
                       f"Prefill: TTFT within 1.5x of its bound in {sum(r['ttft_s'] <= 1.5 * r['ttft_bound_s'] for r in done)} "
-                      f"of {len(done)} cases; the stationary prefill's TTFT against the chunked one's: "
+                      f"of {len(done)} cases; the default prefill's TTFT against the chunked one's: "
                       f"{min(r['chunked_ttft_s'] / r['ttft_s'] for r in paired):.1f}x to "
                       f"{max(r['chunked_ttft_s'] / r['ttft_s'] for r in paired):.1f}x lower; its decode step "
                       f"{min(r['token_s'] / r['chunked_token_s'] for r in paired):.3f}x to "
