@@ -24,6 +24,7 @@ ORDER = [
     ("bench_kv_window", "python tools/bench_kv_window.py"),
     ("bench_partition", "python tools/bench_partition.py"),
     ("bench_plan", "python tools/bench_plan.py"),
+    ("bench_prefill_cards", "python tools/bench_prefill_cards.py"),
     ("bench_moe", "python tools/bench_moe.py"),
     ("bench_claims", "python tools/bench_claims.py"),
     ("bench_runtime", "python tools/bench_runtime.py"),
