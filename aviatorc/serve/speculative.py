@@ -401,10 +401,26 @@ def speedup_on_target(tokens: float, drafts: float, target_plan: Plan, draft_pla
     step (`Prediction.verify`: each sequence's cache read once for its positions), linear in
     the drafts between the timed counts. A plan compiled before verify steps were timed reads
     its batch sweep at B(drafts + 1) instead, which reads the cache drafts + 1 times: an
-    overestimate of the verify, so the speedup is a low one."""
+    overestimate of the verify, so the speedup is a low one.
+
+    A draft compiled onto chiplets of its own (`drafts_beside`: the same target, no chiplet in
+    common; a tenant, or another card, as in the Corsair drafting deployment) runs while the target
+    verifies: the running sequences in two halves, one drafting while the other is verified, so a
+    step costs the longer of the two instead of their sum (each at the full batch, an upper bound
+    on the halves' cost)."""
     step_s = target_plan.prediction.time_per_token_s
     draft_s = draft_plan.prediction.time_per_token_s if draft_plan is not None else 0.0  # n-gram: host lookup
-    return tokens * step_s / (drafts * draft_s + verify_step_s(target_plan, drafts))
+    verify_s = verify_step_s(target_plan, drafts)
+    if draft_plan is not None and drafts_beside(target_plan, draft_plan):
+        return tokens * step_s / max(drafts * draft_s, verify_s)
+    return tokens * step_s / (drafts * draft_s + verify_s)
+
+
+def drafts_beside(target_plan: Plan, draft_plan: Plan) -> bool:
+    """Whether the draft computes on chiplets of its own: both plans for the same target, none of
+    their chiplets shared. (Plans for different targets may share a card: counted as in series.)"""
+    return (target_plan.target_name == draft_plan.target_name
+            and not set(target_plan.chiplets) & set(draft_plan.chiplets))
 
 
 def verify_step_s(plan: Plan, k: float) -> float:

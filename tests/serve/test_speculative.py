@@ -29,6 +29,7 @@ from aviatorc.serve.speculative import (
     DraftModel,
     NgramDrafts,
     Speculator,
+    drafts_beside,
     lookup,
     predicted_speedup,
     verify_step_s,
@@ -116,6 +117,19 @@ def test_the_predicted_speedup_follows_acceptance(artifacts):
     # A draft as costly as the target gains nothing even when it is always right: k+1 tokens cost
     # k draft steps of a target step each, and one verify step of at least a decode's cost.
     assert predicted_speedup(1.0, 4, plan, plan) <= 1.0
+
+
+def test_a_draft_on_chiplets_of_its_own_is_predicted_beside_the_target(artifacts):
+    """Two tenants of one target (llama on chiplets 0-1, qwen2 on 2-3): as a draft for the other,
+    the tenant drafts while the target verifies, so the prediction charges the longer of the two,
+    not their sum; the same draft on the target's chiplets is charged in series."""
+    target = aviatorc.load(artifacts["left"]).plan
+    draft = aviatorc.load(artifacts["right"]).plan
+    shared = dataclasses.replace(draft, chiplets=target.chiplets)
+    assert drafts_beside(target, draft) and not drafts_beside(target, shared)
+    for a in (0.3, 0.7, 1.0):
+        beside, series = predicted_speedup(a, 4, target, draft), predicted_speedup(a, 4, target, shared)
+        assert beside > 1.2 * series
 
 
 # -- n-gram drafts (prompt lookup) -----------------------------------------------------------------
