@@ -19,6 +19,11 @@ its bytes times the probability the step's tokens fire it, its FLOPs on its shar
                + the host: the logits over PCIe, two PCIe crossings, the host's per-token work
     t_token >= min over k of max(those terms)
 
+With LoRA adapters reserved (`workload.lora_rank`, `max_loras`), each projection an adapter may
+reach adds its low-rank products (2 x tokens x r x (k + n) FLOPs at fp16) to `compute`, and the
+adapters' A and B of as many adapters as the step's sequences can run (r x (k + n) x 2 bytes
+each) to the bytes read, an item of the knapsack like any weight.
+
 The TTFT bound is the same over the prefill's tokens: the prompt's embedding rows (not the
 table) and every other weight once, all prompt FLOPs, the prompt's vector bytes. The cold start:
 all weight bytes over min(cards x PCIe, storage). `Bound` keeps each term at the best k, so the
@@ -32,7 +37,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aviatorc.partition.tiling import WeightSpec
+from aviatorc.partition.tiling import WeightSpec, lora_reachable
 from aviatorc.plan.ir import Workload
 from aviatorc.plan.plan import BoundFigures
 from aviatorc.routing import BlockRouting, Routing
@@ -77,9 +82,12 @@ def physical_bound(weights: Sequence[WeightSpec], target: Target, workload: Work
         block = routed(w)
         return block.shares[w.expert] if block is not None else 1.0
 
+    adapted = [w for w in stored if lora_reachable(w)] if workload.lora_rank and workload.max_loras else []
+    lora_width = workload.lora_rank * sum(w.k + w.n for w in adapted)  # r x (k + n) summed over the projections
+
     def matrix_flop_s(tokens: int) -> float:  # on one chiplet
         return sum(0.0 if w.is_embedding else 2.0 * tokens * share(w) * w.k * w.n / target.flops_per_s(w.format.kind)
-                   for w in stored)
+                   for w in stored) + 2.0 * tokens * lora_width / target.flops_per_s("fp16")
 
     def host_s(tokens: int) -> float:
         return (model.output_bytes_per_token * tokens / target.pcie_bytes_per_s_per_card
@@ -118,7 +126,9 @@ def physical_bound(weights: Sequence[WeightSpec], target: Target, workload: Work
         return max(make[k].values()), make[k], k
 
     def items(tokens: int) -> list[tuple[float, float]]:
-        return [(read_bytes(w, tokens), float(w.storage_bytes)) for w in stored]
+        adapters = [(2.0 * lora_width * min(workload.batch, workload.max_loras),
+                     2.0 * lora_width * workload.max_loras)] if lora_width else []
+        return [(read_bytes(w, tokens), float(w.storage_bytes)) for w in stored] + adapters
 
     t = workload.tokens("decode")  # each sequence's cache is read once for all the positions it brings
     decode = {k: terms(k, t, t, items(t), model.kv_bytes, 4.0 * t * model.kv_tokens * model.q_width_total)

@@ -226,6 +226,18 @@ def test_a_plan_compiled_for_adapters_reserves_their_sram_counts_their_work_and_
     extra = sum(2 * tokens * 16 * (t.rows[1] - t.rows[0] + t.cols[1] - t.cols[0]) for t in strips)
     assert flops(reserved) - flops(plain) == pytest.approx(extra)
     assert reserved.plan.prediction.time_per_token_s >= plain.plan.prediction.time_per_token_s
+    # The bound (computed apart from the program) counts each adapted weight's x A once (the plan
+    # computes it per strip) and each of its columns of (x A) B, and stays below the plan.
+    bound, plain_bound = reserved.plan.prediction.bound, plain.plan.prediction.bound
+    fp16 = reserved.target.flops_per_s("fp16")
+    widths: dict[str, list[int]] = {}
+    for t in strips:
+        widths.setdefault(t.weight, [t.rows[1] - t.rows[0], 0])[1] += t.cols[1] - t.cols[0]
+    least = sum(2 * tokens * 16 * (k + n) for k, n in widths.values())
+    assert least < extra
+    assert bound.token_terms["compute"] - plain_bound.token_terms["compute"] == pytest.approx(least / chiplets / fp16)
+    assert bound.token_terms["sram"] > plain_bound.token_terms["sram"]
+    assert bound.token_s <= reserved.plan.prediction.time_per_token_s
     saved = aviatorc.load(reserved.save(tmp_path / "reserved.avc"))
     assert (saved.plan.workload.lora_rank, saved.plan.workload.max_loras) == (16, 2)
     session = Session(saved, lora=True)
