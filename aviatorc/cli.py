@@ -32,6 +32,7 @@ from aviatorc.options import (
     CALIBRATION_METHODS,
     KV_CACHE_CHOICES,
     KV_DTYPE_CHOICES,
+    LINK_DTYPE_CHOICES,
     PREFILL_CHOICES,
     QUANT_CHOICES,
     SOLVER_CHOICES,
@@ -188,6 +189,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-sweep", action="store_true", help="skip the batch and context sweep (faster)")
     p.add_argument("--kv-cache", choices=KV_CACHE_CHOICES, default=DEFAULTS.kv_cache, help="where the KV cache lives")
     p.add_argument("--kv-dtype", choices=KV_DTYPE_CHOICES, default=DEFAULTS.kv_dtype, help="KV cache element type")
+    p.add_argument("--link-dtype", choices=LINK_DTYPE_CHOICES, default=DEFAULTS.link_dtype,
+                   help="activations sent between chiplets: as computed (fp16, default) or int8 codes with a scale "
+                        "per row, half the bytes on the links; the outputs change by that rounding")
     p.add_argument("--kv-recent", type=int, default=None, metavar="N",
                    help="a bounded KV cache: keep each sequence's first --kv-sinks positions and its last N or "
                         "more, evicting N at a time (at most sinks + 2N held; default: keep all)")
@@ -486,7 +490,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         "print_ir_after_change": args.print_ir_after_change, "seed": args.seed, "time_limit_s": args.time_limit,
         "batch": args.batch, "context": args.context, "prompt": args.prompt, "prefetch": not args.no_prefetch,
         "ranges": not args.no_ranges, "sweep": not args.no_sweep,
-        "kv_cache": args.kv_cache, "kv_dtype": args.kv_dtype, "kv_recent": args.kv_recent,
+        "kv_cache": args.kv_cache, "kv_dtype": args.kv_dtype, "kv_recent": args.kv_recent, "link_dtype": args.link_dtype,
         "kv_sinks": DEFAULTS.kv_sinks if args.kv_sinks is None else args.kv_sinks,
         "solver": args.solver, "chiplets": args.chiplets, "prefill": args.prefill, "routing": args.routing,
         "lora_rank": args.lora_rank, "max_loras": args.max_loras,

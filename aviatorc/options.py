@@ -27,6 +27,7 @@ SPARSITY_METHODS = ("magnitude", "wanda", "sparsegpt")
 ACTIVATION_METHODS = ("minmax", "percentile")
 KV_CACHE_CHOICES = ("auto", "sram", "lpddr")
 KV_DTYPE_CHOICES = ("fp16", "bf16", "int8")
+LINK_DTYPE_CHOICES = ("fp16", "int8")  # aviatorc.schedule.memory.LINK_DTYPES
 SOLVER_CHOICES = ("auto", "cpsat", "greedy")  # the partitioner's (partition.AUTO_GAP)
 PREFILL_CHOICES = ("auto", "stationary", "pipelined", "chunked")  # aviatorc.schedule.memory.PREFILL_SCHEDULES
 DEFAULT_GROUP_SIZE = 32  # int4 and MX when group_size is None; int8 stays per output channel
@@ -66,6 +67,10 @@ class CompileOptions:
     sweep: bool = True  # time per token over other batches and contexts
     kv_cache: str = "auto"  # "auto", "sram" or "lpddr"
     kv_dtype: str = "fp16"  # "fp16", "bf16" or "int8"
+    # Activations sent between chiplets: as computed ("fp16"), or "int8" codes with one fp16 scale
+    # per row, which halves the bytes on the links; the runtime rounds them so, and the outputs
+    # change by what that rounding costs (measured in tests/runtime/test_link_int8.py).
+    link_dtype: str = "fp16"
     # A bounded cache for long contexts (StreamingLLM's attention sinks and recent window): each
     # sequence keeps its first `kv_sinks` positions and its last `kv_recent` or more, the ones between
     # evicted `kv_recent` at a time. None keeps every position. The plan sizes and times the cache at
@@ -123,6 +128,8 @@ class CompileOptions:
                               "FILE.json of each expert's share per layer")
         if self.prefill not in PREFILL_CHOICES:
             raise OptionError(f"unknown prefill schedule '{self.prefill}'", hint=f"choose one of {', '.join(PREFILL_CHOICES)}")
+        if self.link_dtype not in LINK_DTYPE_CHOICES:
+            raise OptionError(f"unknown link type '{self.link_dtype}'", hint=f"choose one of {', '.join(LINK_DTYPE_CHOICES)}")
         if self.kv_dtype not in KV_DTYPE_CHOICES:
             raise OptionError(f"unknown KV cache type '{self.kv_dtype}'", hint=f"choose one of {', '.join(KV_DTYPE_CHOICES)}")
         if self.kv_recent is not None and not (1 <= self.kv_recent <= self.context and 0 <= self.kv_sinks <= self.context):

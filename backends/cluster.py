@@ -138,6 +138,7 @@ class _Rank:
                          for index, phase in enumerate(self.phases)}
         for backend in self.backends.values():
             backend.record = True
+            backend.link_dtype = artifact.plan.memory.link_dtype
         self.needed = {phase: {r: needed_inputs(artifact.programs[phase], graph,
                                                 {c for c in artifact.programs[phase].streams if c // per_card == r})
                                for r in range(world)} for phase in self.phases}

@@ -232,6 +232,7 @@ class Backend(Protocol):
     """What a session drives: one program of a plan, run as often as asked."""
 
     precedence: Precedence
+    link_dtype: str  # the plan's `--link-dtype`: "int8" rounds every activation sent between chiplets
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], RunCounts]: ...
 

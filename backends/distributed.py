@@ -210,7 +210,7 @@ class _RankRun(_Run):
         rank = self._remote(ins.to)
         if rank is None:
             return super().on_send(c, step, ins, now)
-        self.b.link.send(self._read_label(c, step, ins.value), rank, self.b.tags[(ins.value, c, ins.to)])
+        self.b.link.send(self.env[self._outgoing(c, step, ins.value)], rank, self.b.tags[(ins.value, c, ins.to)])
         self.counts.bytes_sent += ins.bytes
         return now
 

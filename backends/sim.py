@@ -89,6 +89,7 @@ from aviatorc.plan.ir import (
     block_of,
     format_instr,
 )
+from aviatorc.quant.link import int8_groups
 from aviatorc.routing import MoEBlock, PreGating, moe_blocks
 
 __all__ = ["RunCounts", "SimBackend"]
@@ -106,6 +107,7 @@ class SimBackend:
     """Runs one program of a plan on the CPU. Build once per session; `run` as often as needed."""
 
     replays = True  # backends whose runs do more than compute (timings, messages) check every run
+    link_dtype = "fp16"  # the plan's `--link-dtype`, set by a session: "int8" rounds what is sent (`int8_groups`)
 
     def __init__(self, program: Program, graph: Graph, weights: WeightStore, *, sram_bytes: int,
                  replay: bool = True) -> None:
@@ -324,7 +326,7 @@ class _Run(StreamInterpreter):
 
     def on_send(self, c: int, step: int, ins: Send, now: float) -> float:
         key = self.transfer_key(ins.value, c, ins.to)
-        self.mailbox[key] = self._label_slot(c, step, ins.value)
+        self.mailbox[key] = self._outgoing(c, step, ins.value)
         self.counts.bytes_sent += ins.bytes
         self.fire(key, now)
         return now
@@ -371,6 +373,11 @@ class _Run(StreamInterpreter):
     def _store(self, c: int, label: ValueRef, array: np.ndarray) -> None:
         """A value or part that arrived from outside the run (another process) onto chiplet c."""
         self._bind(c, label, self._new(array))
+
+    def _outgoing(self, c: int, step: int, label: ValueRef) -> int:
+        """The slot a send carries: the value, or with `--link-dtype int8` its rounding (`aviatorc.quant.link.int8_groups`)."""
+        slot = self._label_slot(c, step, label)
+        return self._apply(int8_groups, (), (slot,)) if self.b.link_dtype == "int8" else slot
 
     def _label_slot(self, c: int, step: int, label: ValueRef) -> int:
         name = self._graph_name(label.name)

@@ -29,7 +29,7 @@ PLAN_SCHEMA_VERSION = 7
 READABLE_PLAN_SCHEMAS = (2, 3, 4, 5, 6, 7)  # an older plan's missing fields take their defaults (FIELDS_SINCE)
 # The memory fields each version added: 3, a bounded KV cache; 4, the weight-stationary prefill.
 FIELDS_SINCE = {"kv_sinks": 3, "kv_recent": 3, "prefill_block_tokens": 4, "prefill_staging_bytes_per_chiplet": 4,
-                "lora_bytes_per_chiplet": 6, "prefill_copies": 7}
+                "lora_bytes_per_chiplet": 6, "prefill_copies": 7, "link_dtype": 7}
 PREDICTION_FIELDS_SINCE = {"routing": 5, "verify": 6}  # 5: a mixture of experts' routed step; 6: verify steps
 
 
@@ -101,12 +101,17 @@ class MemoryFigures:
     # A pipelined prefill: streamed tile -> the chiplet whose LPDDR channel holds its copy, which
     # loads and computes it in the prefill program (the decode program reads the tile as `tiles` say).
     prefill_copies: dict[int, int] = field(default_factory=dict)
+    # Activations sent between chiplets: "fp16" as computed, "int8" codes with an fp16 scale per row
+    # (`--link-dtype`); the runtime rounds what it sends so.
+    link_dtype: str = "fp16"
 
     @property
     def kv_window(self) -> KVWindow | None:
         return KVWindow(self.kv_sinks, self.kv_recent) if self.kv_recent else None
 
     def __post_init__(self) -> None:
+        if self.link_dtype not in ("fp16", "int8"):
+            raise ValueError(f"link_dtype must be fp16 or int8, not {self.link_dtype!r}")
         if not (0 <= self.kv_sinks <= MAX_CONTEXT and 0 <= self.kv_recent <= MAX_CONTEXT):
             raise ValueError(f"kv_sinks and kv_recent must lie in [0, {MAX_CONTEXT}], not {self.kv_sinks} and "
                              f"{self.kv_recent}")

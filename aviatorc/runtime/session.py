@@ -176,8 +176,14 @@ class Session:
             phase: backend(program, self.graph, self.weights, sram_bytes=self.target.chiplet.sram_bytes, replay=replay)
             for phase, program in sorted(self.artifact.programs.items())}
         self.precedence = Precedence()  # `with session.precedence.first():` pauses this session's other steps
+        link_dtype = self.artifact.plan.memory.link_dtype
+        if link_dtype != "fp16" and device != "sim":
+            raise NotRunnableError(f"the plan sends activations between chiplets as {link_dtype} (--link-dtype), "
+                                   f"which only the sim backend rounds so", file=str(self.artifact.path),
+                                   hint="run it with device='sim', or compile without --link-dtype")
         for phase_backend in self._backends.values():
             phase_backend.precedence = self.precedence
+            phase_backend.link_dtype = link_dtype
         if world > 1:  # one rank per card: this process drives, the others run their cards' streams
             self._cluster = open_cluster(self.artifact, self.graph, self.target, self.weights, world, timeout_s=timeout_s)
             self._backends = {phase: self._cluster.backend(phase) for phase in self._backends}

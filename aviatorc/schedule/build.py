@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aviatorc.ir import Node, Value
+from aviatorc.ir.types import FLOAT_DTYPES
 from aviatorc.partition.placement import Placement
 from aviatorc.partition.tiling import Tile, lora_reachable
 from aviatorc.plan.ir import (
@@ -68,6 +69,7 @@ from aviatorc.plan.ir import (
     Workload,
     block_value,
 )
+from aviatorc.quant.link import LINK_GROUP
 from aviatorc.schedule.memory import MemoryPlan
 from aviatorc.schedule.model import ModelFacts, TileUse, layer_runs
 from aviatorc.target import Target
@@ -234,6 +236,23 @@ class _Builder:
         tokens = self.output_tokens if self.facts.output_order and name == self.facts.output_order[0] else self.tokens
         return max(1, math.ceil(self.facts.elements_per_token(name) * tokens * self.target.activation_bytes_per_element))
 
+    def wire_bytes(self, value: Value) -> int:
+        """What sending `value` carries (`on_wire`), its rows as wide as its last dim."""
+        shape = value.type.shape
+        width = shape[-1] if shape and isinstance(shape[-1], int) else 1
+        return self.on_wire(self.value_bytes(value), width, value.type.dtype)
+
+    def on_wire(self, nbytes: int, width: int, dtype: str = "float32") -> int:
+        """The bytes a transfer of `nbytes` of activations carries: as computed, or with
+        `--link-dtype int8` one byte an element and a one-byte exponent per group of `LINK_GROUP`
+        along each row of `width` elements (the runtime's rounding: `aviatorc.quant.link.int8_groups`);
+        integer values (ids) go as they are."""
+        if self.memory.link_dtype != "int8" or dtype not in FLOAT_DTYPES:
+            return nbytes
+        elements = math.ceil(nbytes / self.target.activation_bytes_per_element)
+        width = max(1, width)
+        return elements + math.ceil(elements / width) * math.ceil(width / LINK_GROUP)
+
     def vector_bytes(self, node: Node) -> int:
         """Activation bytes a node moves through the vector units: its inputs and outputs (0 for views)."""
         return sum(self.value_bytes(name) for name in self.facts.vector_values(node))
@@ -322,11 +341,12 @@ class _Builder:
                 if node.op == "Gather":  # each token reads one row: expected bytes in this row range
                     read = min(tile.storage_bytes, math.ceil(tile.storage_bytes * tokens / max(1, rows_total)))
                     flops = 0
-                    part_bytes = self.value_bytes(out)  # a partial lookup is as wide as the whole
+                    part_bytes = self.wire_bytes(out)  # a partial lookup is as wide as the whole
                 else:
                     read = tile.format.storage_bytes(tile.k, stop - start)
                     flops = 2 * tokens * tile.k * (stop - start)
-                    part_bytes = math.ceil(self.value_bytes(out) * (stop - start) / max(1, rows_total))
+                    part_bytes = self.on_wire(math.ceil(self.value_bytes(out) * (stop - start) / max(1, rows_total)),
+                                              stop - start, out.type.dtype)
                 fields = dict(node=node.name, flops=flops, bytes=read, vector_bytes=0, kind=tile.format.kind, part=part)
                 if self.workload.lora_rank and node.op != "Gather" and lora_reachable(tile):
                     # LoRA adapters beside it: each token's x @ A, then those columns of (x A) @ B,
@@ -401,7 +421,8 @@ class _Builder:
         where = self._kv_chunk_chiplets(node)
         chunks = len(where)
         out = node.outputs[0]
-        partial_bytes = math.ceil(self.tokens * q_width * self.target.activation_bytes_per_element / chunks)
+        partial_bytes = self.on_wire(math.ceil(self.tokens * q_width * self.target.activation_bytes_per_element / chunks),
+                                     math.ceil(q_width / chunks))
         for i, c in enumerate(where):
             share = min(kv.chunk_bytes, nbytes - i * kv.chunk_bytes)
             part = Part("kv", i, chunks)
@@ -449,7 +470,7 @@ class _Builder:
             if source == chiplet or (name, chiplet) in self.delivered:
                 continue
             self.delivered.add((name, chiplet))
-            self.entries[chiplet].append(Recv(ValueRef(name), source, self.value_bytes(value)))
+            self.entries[chiplet].append(Recv(ValueRef(name), source, self.wire_bytes(value)))
 
     def _send_to_readers(self, value: Value, source: int) -> None:
         """Send `value` now to every other chiplet that will read it (the recv comes at the reader)."""
@@ -461,7 +482,7 @@ class _Builder:
         """A tree, as collective libraries broadcast: one copy crosses to each other card (then to
         each other package), where its first reader receives it at once and forwards it to the rest
         of its group. A copy per reader would serialize them all on the source's slowest port."""
-        nbytes, name = self.value_bytes(value), self.key(value.name)
+        nbytes, name = self.wire_bytes(value), self.key(value.name)
         card, package = self.target.card_of, self.target.package_of
         level = card if any(card(c) != card(source) for c in targets) else (
             package if any(package(c) != package(source) for c in targets) else None)

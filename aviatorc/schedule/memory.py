@@ -114,6 +114,7 @@ class MemoryPlan:
     lora_bytes: int = 0  # per chiplet: LoRA adapters' matrices (`lora_bytes`), part of reserve_bytes
     prefill_schedule: str = "stationary"  # "stationary", "pipelined" or "chunked" ("auto" resolved)
     prefill_copies: dict[int, int] = field(default_factory=dict)  # pipelined: tile -> chiplet (`prefill_copies`)
+    link_dtype: str = "fp16"  # activations between chiplets: "fp16", or "int8" with a scale per row
 
     @property
     def prefill_blocks(self) -> int:
@@ -130,7 +131,8 @@ class MemoryPlan:
                              kv_sinks=window.sinks if window else 0, kv_recent=window.recent if window else 0,
                              prefill_block_tokens=self.prefill_block_tokens,
                              prefill_staging_bytes_per_chiplet=self.prefill_staging_bytes,
-                             lora_bytes_per_chiplet=self.lora_bytes, prefill_copies=dict(self.prefill_copies))
+                             lora_bytes_per_chiplet=self.lora_bytes, prefill_copies=dict(self.prefill_copies),
+                             link_dtype=self.link_dtype)
 
 
 def program_blocks(pass_tokens: int, block_tokens: int) -> int:
