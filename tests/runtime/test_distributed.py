@@ -210,3 +210,24 @@ def test_an_idle_session_outlives_its_timeout_and_a_dropped_one_leaves_nothing(p
         np.testing.assert_array_equal(again.run(inputs)["logits"], first)
     with pytest.raises(aviatorc.AviatorError, match="closed"):
         again.run(inputs)
+
+
+def test_int8_links_round_the_same_across_ranks(plans, tmp_path):
+    """--link-dtype int8 on 2 cards: the ranks round what they send to each other as the single
+    process rounds every send, so the outputs stay bit for bit its own, and differ from the
+    fp16-link plan's (the rounding crosses the cards too)."""
+    target = tmp_path / "mock-x2.toml"
+    target.write_text('schema_version = 1\nextends = "mock"\nname = "mock-x2"\n'
+                      '[chiplet]\nsram_bytes = 20480\n[server]\ncards = 2\n')
+    rounded = aviatorc.compile(zoo.build_model("llama").inner.eval(), target=str(target), context=48, prompt=8,
+                               batch=2, time_limit_s=1.0, kv_cache="lpddr", link_dtype="int8").save(tmp_path / "i8.avc")
+    alone = Session(rounded, replay=False)
+    inputs = feeds(alone, [5, 6, 7, 8, 9])
+    want = alone.run(inputs)
+    plain = Session(plans[2], replay=False).run(inputs)
+    with Session(rounded, world=2, timeout_s=TIMEOUT_S) as session:
+        got = session.run(inputs)
+    logits = next(iter(want))
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+    assert not np.array_equal(want[logits], plain[logits])
