@@ -8,7 +8,9 @@ and reads its streamed tiles from a copy in that card's LPDDR; `auto` (the defau
 where it estimates it pays. Per case, from `aviatorc.compile` (shape-only configs, INT4, `corsair`,
 context 2048, prompt 128, the figures simulated on the machine model): TTFT and time per token of
 the stationary plan and of the default (`auto`) one, the schedule auto took, and the bound; at
-batch 1 also the pipelined plan that auto turned down.
+batch 1 also the pipelined plan that auto turned down; and the default with `--link-dtype int8`
+(activations between chiplets at 8 bits: its accuracy cost is measured in
+tests/runtime/test_link_int8.py).
 
     python tools/bench_prefill_cards.py      # about 15 minutes on 2 cores
 
@@ -34,10 +36,12 @@ RESULTS = Path(__file__).resolve().parent / "results" / "bench_prefill_cards.md"
 CASES = [(model, cards, batch) for model in ("llama-3-70b", "dense-120b") for cards in (4, 8) for batch in (1, 16)]
 
 
-def compile_case(config: Path, folder: Path, cards: int, batch: int, prefill: str) -> dict[str, Any]:
+def compile_case(config: Path, folder: Path, cards: int, batch: int, prefill: str,
+                 link_dtype: str = "fp16") -> dict[str, Any]:
     started = time.perf_counter()
     result = aviatorc.compile(str(config), target=target_path(folder, cards), quant="int4", batch=batch,
-                              context=CONTEXT, prompt=PROMPT, ranges=False, sweep=False, prefill=prefill)
+                              context=CONTEXT, prompt=PROMPT, ranges=False, sweep=False, prefill=prefill,
+                              link_dtype=link_dtype)
     p = result.plan.prediction
     return {"schedule": "pipelined" if result.plan.memory.prefill_copies else "stationary",
             "copies": len(result.plan.memory.prefill_copies), "ttft_s": p.ttft_s, "token_s": p.time_per_token_s,
@@ -54,7 +58,8 @@ def main() -> int:
             auto = compile_case(config, folder, cards, batch, "auto")
             other = "stationary" if auto["schedule"] == "pipelined" else "pipelined"
             row = {"model": model, "cards": cards, "batch": batch, "auto": auto,
-                   other: compile_case(config, folder, cards, batch, other)}
+                   other: compile_case(config, folder, cards, batch, other),
+                   "auto_int8_links": compile_case(config, folder, cards, batch, "auto", "int8")}
             row.setdefault("stationary", auto)
             row.setdefault("pipelined", auto)
             print(json.dumps(row), flush=True)
@@ -73,17 +78,19 @@ def render(data: dict[str, Any]) -> str:
              "layer's weights spread over all cards (the prefill before this one); *pipelined*: each layer on its "
              "home's card, its streamed tiles read from a copy in that card's LPDDR; *default*: what `--prefill "
              "auto` took. The pipelined plan stages a card's share of a layer on each chiplet, SRAM the weights "
-             "then lack, which the decode step pays for.", "",
+             "then lack, which the decode step pays for. *Int8 links*: the default compiled with `--link-dtype int8`.",
+             "",
              "| model | cards | batch | default takes | TTFT stationary ms | TTFT pipelined ms | stationary / "
              "pipelined | TTFT bound ms | default within 1.5x of the bound | token stationary ms | token pipelined "
-             "ms | tiles copied |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "ms | tiles copied | TTFT default, int8 links ms | default / int8 links |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in data["rows"]:
-        s, p, a = r["stationary"], r["pipelined"], r["auto"]
+        s, p, a, i = r["stationary"], r["pipelined"], r["auto"], r.get("auto_int8_links")
         lines.append(f"| {r['model']} | {r['cards']} | {r['batch']} | {a['schedule']} | {ms(s['ttft_s'])} | "
                      f"{ms(p['ttft_s'])} | {ratio(s['ttft_s'], p['ttft_s'])} | {ms(a['ttft_bound_s'])} | "
                      f"{'yes' if a['ttft_s'] <= 1.5 * a['ttft_bound_s'] else 'no'} | {ms(s['token_s'])} | "
-                     f"{ms(p['token_s'])} | {p['copies']:,} |")
+                     f"{ms(p['token_s'])} | {p['copies']:,} | {ms(i['ttft_s']) if i else '-'} | "
+                     f"{ratio(a['ttft_s'], i['ttft_s']) if i else '-'} |")
     rows = data["rows"]
     right = sum(1 for r in rows if r["auto"]["ttft_s"] == min(r["stationary"]["ttft_s"], r["pipelined"]["ttft_s"]))
     lines += ["", f"The default took the schedule with the lower TTFT in {right} of {len(rows)} cases."]

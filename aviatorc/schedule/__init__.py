@@ -217,9 +217,8 @@ def _sweep_point(facts: ModelFacts, placement: Placement, weights: Sequence[Weig
                  graph: Graph | None = None, routing: Routing | None = None) -> SweepPoint:
     batch, context = load.batch, load.context
     def sized(kv: str) -> MemoryPlan:
-        return dataclasses.replace(
-            plan_memory(facts, placement.tiles, target, load, chiplets=allowed, kv=kv, kv_dtype=memory.kv.dtype,
-                        kv_window=memory.kv.window, prefill=memory.prefill_schedule), link_dtype=memory.link_dtype)
+        return plan_memory(facts, placement.tiles, target, load, chiplets=allowed, kv=kv, kv_dtype=memory.kv.dtype,
+                           kv_window=memory.kv.window, prefill=memory.prefill_schedule, link_dtype=memory.link_dtype)
 
     try:
         trial = sized("lpddr")

@@ -154,7 +154,7 @@ def kv_bytes_per_token(width: int, dtype: str) -> float:
 
 def plan_memory(facts: ModelFacts, tiles: Sequence[Tile], target: Target, workload: Workload, *,
                 chiplets: Sequence[int], kv: str = "auto", kv_dtype: str = "fp16",
-                kv_window: KVWindow | None = None, prefill: str = "stationary") -> MemoryPlan:
+                kv_window: KVWindow | None = None, prefill: str = "stationary", link_dtype: str = "fp16") -> MemoryPlan:
     if kv not in KV_MODES:
         raise OptionError(f"unknown KV placement '{kv}'", hint=f"choose one of {', '.join(KV_MODES)}")
     if prefill not in PREFILL_SCHEDULES:
@@ -163,10 +163,10 @@ def plan_memory(facts: ModelFacts, tiles: Sequence[Tile], target: Target, worklo
         raise OptionError(f"batch, context and prompt must be positive (batch={workload.batch}, "
                           f"context={workload.context}, prompt={workload.prompt})")
     if prefill == "auto":
-        if _pipelined_pays(facts, tiles, target, workload, chiplets):
+        if _pipelined_pays(facts, tiles, target, workload, chiplets, link_dtype):
             try:
                 return plan_memory(facts, tiles, target, workload, chiplets=chiplets, kv=kv, kv_dtype=kv_dtype,
-                                   kv_window=kv_window, prefill="pipelined")
+                                   kv_window=kv_window, prefill="pipelined", link_dtype=link_dtype)
             except InfeasibleError:
                 pass  # a card's share of a layer does not fit beside the caches: the stationary prefill may
         prefill = "stationary"
@@ -235,7 +235,8 @@ def plan_memory(facts: ModelFacts, tiles: Sequence[Tile], target: Target, worklo
     return MemoryPlan(kv=kv_plan, scratch_bytes=scratch, prefill_chunk_tokens=passes, staging_bytes=staging,
                       stage_chunk_bytes=stage_chunk, reserve_bytes=tuple(reserve),
                       prefill_block_tokens=block if stationary else 0,
-                      prefill_staging_bytes=prefill_staging, lora_bytes=adapters, prefill_schedule=prefill)
+                      prefill_staging_bytes=prefill_staging, lora_bytes=adapters, prefill_schedule=prefill,
+                      link_dtype=link_dtype)
 
 
 def lora_bytes(tiles: Sequence[Tile], workload: Workload) -> int:
@@ -268,7 +269,7 @@ def prefill_hold_bytes(facts: ModelFacts, target: Target, pass_tokens: int, bloc
 
 
 def _pipelined_pays(facts: ModelFacts, tiles: Sequence[Tile], target: Target, workload: Workload,
-                    chiplets: Sequence[int]) -> bool:
+                    chiplets: Sequence[int], link_dtype: str = "fp16") -> bool:
     """Whether a pipelined prefill should take less time than a stationary one, estimated before
     placement from what binds each. Stationary: a layer's weights are spread over every card, so
     each weight node's input goes from its layer's home card to the others and its output comes
@@ -282,14 +283,14 @@ def _pipelined_pays(facts: ModelFacts, tiles: Sequence[Tile], target: Target, wo
     if cards < 2 or streamed <= 0:
         return False
     spread_s = streamed / (len({target.channel_of(c) for c in chiplets}) * target.channel_bytes_per_s)
-    stationary_s = max(spread_s, _card_crossing_s(facts, target, workload.tokens("prefill"), cards))
+    stationary_s = max(spread_s, _card_crossing_s(facts, target, workload.tokens("prefill"), cards, link_dtype))
     return PIPELINED_MARGIN * cards * spread_s < stationary_s
 
 
-def _card_crossing_s(facts: ModelFacts, target: Target, tokens: int, cards: int) -> float:
+def _card_crossing_s(facts: ModelFacts, target: Target, tokens: int, cards: int, link_dtype: str = "fp16") -> float:
     """A pass's activations between cards when every weight is spread over `cards` cards: each
     weight node's input broadcast to the other cards, its output gathered back from them, through
-    one card-to-card port at a time."""
+    one card-to-card port at a time (a byte an element with `--link-dtype int8`)."""
     elements = 0.0
     for name in facts.uses:
         node = facts.node(name)
@@ -298,7 +299,8 @@ def _card_crossing_s(facts: ModelFacts, target: Target, tokens: int, cards: int)
             continue  # lookups and the output head (each sequence's last token) move little
         elements += (facts.elements_per_token(source.name) * (cards - 1)
                      + facts.elements_per_token(node.outputs[0].name) * (cards - 1) / cards)
-    return target.links[2].transfer_s(elements * tokens * target.activation_bytes_per_element)
+    element = 1 if link_dtype == "int8" else target.activation_bytes_per_element
+    return target.links[2].transfer_s(elements * tokens * element)
 
 
 def prefill_copies(placement: Placement, memory: MemoryPlan, target: Target, chiplets: Sequence[int]) -> dict[int, int]:
