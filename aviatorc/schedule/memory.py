@@ -453,10 +453,14 @@ def kv_beside_weights(memory: MemoryPlan, placement: Placement, facts: ModelFact
     owners = dict(kv.chiplet_of_layer)
     in_sram = kv.location == "sram"
     for layer in sorted(owners):
-        # On a tie the cache stays: dealt to the first chiplet of each tie, every layer whose weights
-        # spread evenly over the chiplets went to chiplet 0, and on 4 cards one card's port carried
-        # every layer's prefill activations to the others.
-        candidates = sorted(work.get(layer, {}).items(), key=lambda item: (-item[1], item[0] != owners[layer], item[0]))
+        # On a tie the cache stays on its card (then the first chiplet of the tie): dealt to the first
+        # chiplet of each tie, every layer whose weights spread evenly over 4 cards went to chiplet 0,
+        # and one card's port carried every layer's prefill activations to the others. Within the
+        # card the first chiplet still wins: keeping each tied cache on its own chiplet took
+        # Llama-3-70B x1's decode step from 91.1 to 102.3 ms.
+        same_card = target.card_of(owners[layer])
+        candidates = sorted(work.get(layer, {}).items(),
+                            key=lambda item: (-item[1], target.card_of(item[0]) != same_card, item[0]))
         nbytes = kv.bytes_per_layer.get(layer, 0) if in_sram else 0
         for c, _ in candidates:
             if c == owners[layer]:
