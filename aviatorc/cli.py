@@ -190,8 +190,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache", choices=KV_CACHE_CHOICES, default=DEFAULTS.kv_cache, help="where the KV cache lives")
     p.add_argument("--kv-dtype", choices=KV_DTYPE_CHOICES, default=DEFAULTS.kv_dtype, help="KV cache element type")
     p.add_argument("--link-dtype", choices=LINK_DTYPE_CHOICES, default=DEFAULTS.link_dtype,
-                   help="activations sent between chiplets: as computed (fp16, default) or int8 codes with a scale "
-                        "per row, half the bytes on the links; the outputs change by that rounding")
+                   help="activations sent between chiplets: as computed (fp16, default) or int8 codes with an "
+                        "exponent per 32 values, half the bytes on the links; the outputs change by that rounding")
     p.add_argument("--kv-recent", type=int, default=None, metavar="N",
                    help="a bounded KV cache: keep each sequence's first --kv-sinks positions and its last N or "
                         "more, evicting N at a time (at most sinks + 2N held; default: keep all)")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from aviatorc.errors import OptionError
 from aviatorc.formats import GROUP_SIZES
+from aviatorc.quant.link import LINK_DTYPES
 
 if TYPE_CHECKING:  # the target package imports this module (check_cards)
     from aviatorc.target.spec import Target
@@ -27,7 +28,7 @@ SPARSITY_METHODS = ("magnitude", "wanda", "sparsegpt")
 ACTIVATION_METHODS = ("minmax", "percentile")
 KV_CACHE_CHOICES = ("auto", "sram", "lpddr")
 KV_DTYPE_CHOICES = ("fp16", "bf16", "int8")
-LINK_DTYPE_CHOICES = ("fp16", "int8")  # aviatorc.schedule.memory.LINK_DTYPES
+LINK_DTYPE_CHOICES = LINK_DTYPES
 SOLVER_CHOICES = ("auto", "cpsat", "greedy")  # the partitioner's (partition.AUTO_GAP)
 PREFILL_CHOICES = ("auto", "stationary", "pipelined", "chunked")  # aviatorc.schedule.memory.PREFILL_SCHEDULES
 DEFAULT_GROUP_SIZE = 32  # int4 and MX when group_size is None; int8 stays per output channel
@@ -67,9 +68,9 @@ class CompileOptions:
     sweep: bool = True  # time per token over other batches and contexts
     kv_cache: str = "auto"  # "auto", "sram" or "lpddr"
     kv_dtype: str = "fp16"  # "fp16", "bf16" or "int8"
-    # Activations sent between chiplets: as computed ("fp16"), or "int8" codes with one fp16 scale
-    # per row, which halves the bytes on the links; the runtime rounds them so, and the outputs
-    # change by what that rounding costs (measured in tests/runtime/test_link_int8.py).
+    # Activations sent between chiplets: as computed ("fp16"), or "int8" codes with a power-of-two
+    # exponent per 32 values (`aviatorc.quant.link`), which halves the bytes on the links; the runtime
+    # rounds them so, and the outputs change by what that costs (tests/runtime/test_link_int8.py).
     link_dtype: str = "fp16"
     # A bounded cache for long contexts (StreamingLLM's attention sinks and recent window): each
     # sequence keeps its first `kv_sinks` positions and its last `kv_recent` or more, the ones between

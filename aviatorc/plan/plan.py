@@ -21,6 +21,7 @@ from aviatorc.errors import AviatorError, ModelFormatError
 from aviatorc.formats import WeightFormat
 from aviatorc.plan.ir import PHASES, Program, Tables, Workload, tile_name
 from aviatorc.plan.records import from_json, to_json
+from aviatorc.quant.link import LINK_DTYPES
 
 if TYPE_CHECKING:
     from aviatorc.target import Target
@@ -101,8 +102,8 @@ class MemoryFigures:
     # A pipelined prefill: streamed tile -> the chiplet whose LPDDR channel holds its copy, which
     # loads and computes it in the prefill program (the decode program reads the tile as `tiles` say).
     prefill_copies: dict[int, int] = field(default_factory=dict)
-    # Activations sent between chiplets: "fp16" as computed, "int8" codes with an fp16 scale per row
-    # (`--link-dtype`); the runtime rounds what it sends so.
+    # Activations sent between chiplets: "fp16" as computed, "int8" codes with an exponent per 32
+    # values (`--link-dtype`, `aviatorc.quant.link`); the runtime rounds what it sends so.
     link_dtype: str = "fp16"
 
     @property
@@ -110,8 +111,8 @@ class MemoryFigures:
         return KVWindow(self.kv_sinks, self.kv_recent) if self.kv_recent else None
 
     def __post_init__(self) -> None:
-        if self.link_dtype not in ("fp16", "int8"):
-            raise ValueError(f"link_dtype must be fp16 or int8, not {self.link_dtype!r}")
+        if self.link_dtype not in LINK_DTYPES:
+            raise ValueError(f"link_dtype must be one of {', '.join(LINK_DTYPES)}, not {self.link_dtype!r}")
         if not (0 <= self.kv_sinks <= MAX_CONTEXT and 0 <= self.kv_recent <= MAX_CONTEXT):
             raise ValueError(f"kv_sinks and kv_recent must lie in [0, {MAX_CONTEXT}], not {self.kv_sinks} and "
                              f"{self.kv_recent}")

@@ -31,9 +31,9 @@ in what is really left (`reserve_bytes`, one figure per chiplet):
   activations cross cards only where the homes change card, and the cards work in turn; a
   chiplet then stages its card's share of a layer, so a decode step keeps less resident. It pays
   when a pass's activations are large (a large batch of prompts over several cards), and `"auto"`
-  (the default) takes it where `_pipelined_pays` estimates it does. `"chunked"` is the schedule main had: chunks of one block each,
-  every chunk streaming every weight again, with no SRAM beyond the decode step's taken from
-  the weights.
+  (the default) takes it where `_pipelined_pays` estimates it does. `"chunked"` is the schedule
+  main had: chunks of one block each, every chunk streaming every weight again, with no SRAM
+  beyond the decode step's taken from the weights.
 - Staging: a streamed tile (or KV block) is loaded in chunks of at most `stage_chunk_bytes`
   (column sub-strips of a weight strip are strips too, so each chunk is computed on its own);
   each chiplet keeps `STAGING_DEPTH` chunks in flight: double buffering. Measured on Llama-3-70B
@@ -114,7 +114,7 @@ class MemoryPlan:
     lora_bytes: int = 0  # per chiplet: LoRA adapters' matrices (`lora_bytes`), part of reserve_bytes
     prefill_schedule: str = "stationary"  # "stationary", "pipelined" or "chunked" ("auto" resolved)
     prefill_copies: dict[int, int] = field(default_factory=dict)  # pipelined: tile -> chiplet (`prefill_copies`)
-    link_dtype: str = "fp16"  # activations between chiplets: "fp16", or "int8" with a scale per row
+    link_dtype: str = "fp16"  # activations between chiplets: "fp16", or "int8" (`aviatorc.quant.link`)
 
     @property
     def prefill_blocks(self) -> int:
