@@ -37,6 +37,9 @@ from aviatorc.errors import OptionError
 KINDS = ("fp32", "fp16", "bf16", "int8", "int4", "mxint8", "mxint4")
 _DENSE_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8, "int4": 4, "mxint8": 8, "mxint4": 4}
 GROUP_SIZES = (32, 64, 128)
+# Activations on the links between chiplets (`--link-dtype`): as computed, or int8 codes with an
+# exponent per 32 values (`aviatorc.quant.link.int8_groups`).
+LINK_DTYPES = ("fp16", "int8")
 ZERO_KINDS = ("int", "fp16")  # asymmetric int4's zero: a 4-bit zero point, or an fp16 offset
 _ALWAYS_GROUPED = ("int4", "mxint8", "mxint4")  # int8 is grouped only with a group size (else per channel)
 

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from aviatorc.errors import OptionError
-from aviatorc.formats import GROUP_SIZES
-from aviatorc.quant.link import LINK_DTYPES
+from aviatorc.formats import GROUP_SIZES, LINK_DTYPES
 
 if TYPE_CHECKING:  # the target package imports this module (check_cards)
     from aviatorc.target.spec import Target

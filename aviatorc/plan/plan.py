@@ -18,10 +18,9 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from aviatorc.errors import AviatorError, ModelFormatError
-from aviatorc.formats import WeightFormat
+from aviatorc.formats import LINK_DTYPES, WeightFormat
 from aviatorc.plan.ir import PHASES, Program, Tables, Workload, tile_name
 from aviatorc.plan.records import from_json, to_json
-from aviatorc.quant.link import LINK_DTYPES
 
 if TYPE_CHECKING:
     from aviatorc.target import Target

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 
-LINK_DTYPES = ("fp16", "int8")  # --link-dtype: as computed, or `int8_groups`
 LINK_GROUP = 32  # `--link-dtype int8`: elements sharing one scale along a row, as MXINT8 shares an exponent
 
 
