@@ -22,8 +22,9 @@ self`): greedy tokens against `generate`, the acceptance rate from /metrics, and
 that `predicted_speedup` gives for the plans' target at that acceptance (from the draft's
 simulated step and the target's simulated verify step), all from a server with
 `--keep-speculating`; and the throughput of a server with the time rule (a request stops
-speculating where its drafts cost time here), after a warm-up of two requests long enough to
-speculate, against plain serving.
+speculating where its drafts cost time here), after a warm-up of the same load at 8 tokens a
+request (the steady state of a server that has seen such a load: the rule has timed its steps at
+that batch), against plain serving.
 
 With `--ngram`, a plan at context 512 serves two more workloads, each with a server as users
 start it: n-gram (prompt lookup) speculation, k = 4, on 8 prompts whose continuations repeat
@@ -216,10 +217,10 @@ def speculate(target: Path, draft: Path, source: Path, prompts: list[str], new_t
 
 def speculating_run(server: Server, prompts: list[str], new_tokens: int, warm_tokens: int
                     ) -> tuple[list[dict[str, Any]], float, dict[str, float]]:
-    """A warm-up of two requests of `warm_tokens`, then the load: its rows, wall time, and the
-    speculation counts of the load alone."""
+    """A warm-up of the same load at `warm_tokens` a request, then the load: its rows, wall time,
+    and the speculation counts of the load alone."""
     try:
-        load(server.url, prompts[:2], warm_tokens)
+        load(server.url, prompts, warm_tokens)
         before = verification_counts(server)
         rows, wall_s = load(server.url, prompts, new_tokens)
         return rows, wall_s, {name: value - before[name] for name, value in verification_counts(server).items()}
@@ -388,7 +389,7 @@ def main() -> None:
 
     server = Server(str(target), "--tokenizer", str(source), "--served-model-name", "model")
     try:
-        load(server.url, prompts[:2], 2)  # warm-up
+        load(server.url, prompts, 2)  # warm-up, as the speculating servers' (`speculating_run`)
         rows, wall_s = load(server.url, prompts, new_tokens)
     finally:
         server.close()
@@ -453,8 +454,8 @@ def timed(x: dict[str, Any]) -> str:
     """A draft's served throughput here, kept on and under the time rule, against plain serving."""
     return (f"served here with drafts kept (`--keep-speculating`, the run that counts the drafts, where a "
             f"verification computes every position) {x['tokens_per_s']:.1f} tokens/s ({x['speedup_vs_served']:.2f}x "
-            f"plain serving), and with the time rule (drafts stop where they cost time here), after a warm-up of two "
-            f"{WARM_TOKENS}-token requests, {x['timed_tokens_per_s']:.1f} (**{x['timed_speedup_vs_served']:.2f}x**; "
+            f"plain serving), and with the time rule (drafts stop where they cost time here), after a warm-up of the "
+            f"same load at {WARM_TOKENS} tokens a request, {x['timed_tokens_per_s']:.1f} (**{x['timed_speedup_vs_served']:.2f}x**; "
             f"greedy tokens equal to `generate`: {x['timed_same_tokens_as_generate']} / {x['requests']})")
 
 
@@ -528,7 +529,7 @@ def render(r: dict[str, Any], command: str) -> str:
                       f"plain serving: {g['same_tokens_as_plain']} / {g['requests']}; served here with drafts kept "
                       f"(`--keep-speculating`, the run that counts the drafts) {g['ngram_tokens_per_s']:.1f} against "
                       f"{g['plain_tokens_per_s']:.1f} tokens/s plain ({g['measured_speedup']:.2f}x), and with the "
-                      f"time rule, after a warm-up of two {WARM_TOKENS}-token requests, {g['timed_tokens_per_s']:.1f} "
+                      f"time rule, after a warm-up of the same load at {WARM_TOKENS} tokens a request, {g['timed_tokens_per_s']:.1f} "
                       f"(**{g['timed_speedup']:.2f}x**; greedy tokens equal to plain: "
                       f"{g['timed_same_tokens_as_plain']} / {g['requests']}); {steps(g)}.",
                   "", f"Prefix caching (`--enable-prefix-caching`): {f['requests']} prompts sharing a "

@@ -338,8 +338,7 @@ class Engine:
         ids = np.array(request.prompt + request.generated, dtype=np.int64)
         done = len(ids) - request._prefill_left  # admission sets it to all of ids: 0 done
         try:
-            stop, computed, logits = await asyncio.to_thread(self._prefill_now, slot, ids, done, budget, first,
-                                                             request.adapter)
+            stop, computed, logits = await asyncio.to_thread(self._prefill_now, request, slot, ids, done, budget, first)
         except Exception as error:  # noqa: BLE001 - this request's own failure ends it alone
             if not isinstance(error, AviatorError):
                 log.exception("prefill of request %d failed", request.arrival)
@@ -351,15 +350,16 @@ class Engine:
             self._take(request, logits)
         return None if budget is None else budget - computed
 
-    def _prefill_now(self, slot: int, ids: np.ndarray, done: int, budget: int | None,
-                     first: bool, adapter: str | None = None) -> tuple[int, int, np.ndarray]:
-        """Prefill ids[done:] of `slot`'s sequence, at most `budget` computed tokens: (tokens in its
+    def _prefill_now(self, request: GenerationRequest, slot: int, ids: np.ndarray, done: int, budget: int | None,
+                     first: bool) -> tuple[int, int, np.ndarray]:
+        """Prefill ids[done:] of `request`'s sequence in `slot`, at most `budget` computed tokens: (tokens in its
         cache after, tokens computed, the logits after the last of them)."""
         sessions = [self.session] + (self.speculator.sessions if self.speculator is not None else [])
         with contextlib.ExitStack() as held:
             if first:
                 for session in sessions:
                     held.enter_context(session.precedence.first())
+            adapter = request.adapter
             cache = self.prefix_cache if adapter is None else None  # cached blocks hold the base's keys and values
             if done:  # a later chunk
                 start = done
@@ -375,7 +375,7 @@ class Engine:
             if stop == len(ids):
                 if cache is not None:
                     cache.insert(slot, ids.tolist())
-                if self.speculator is not None:
+                if self.speculator is not None and request.temperature == 0:  # one that samples never drafts
                     self.speculator.prefill(slot, ids)
         return stop, stop - start, logits
 

@@ -9,9 +9,9 @@ Each engine step, for every running sequence sampled greedily (temperature 0):
    greedily (batched across the sequences); n-gram lookup copies what followed the latest
    earlier occurrence of the sequence's last n tokens in its prompt and output (n from 4 down
    to 1), which proposes nothing when there is none;
-2. the target runs [last, d1 .. dk] of every sequence in one step (`Session.extend_many`; one
-   per draft length where the lengths differ; what `predicted_speedup` models) and takes its own
-   greedy token at every position: t0 .. tk;
+2. the target runs [last, d1 .. dk] of every sequence in one step (`Session.extend_many`, the
+   shorter ones padded; what `predicted_speedup` models) and takes its own greedy token at every
+   position: t0 .. tk;
 3. the drafts agree with the target up to the first i with d(i+1) != t(i): the sequence gets
    d1 .. di and then t(i) (the target's token where they differ, or t(k) when all agree);
 4. the target's cache (and a draft model's) is cut back to the tokens accepted (`Session.truncate`).
@@ -19,12 +19,12 @@ Every token handed out is the target's own greedy choice given the tokens before
 output is the target's alone (up to float rounding between one-token and k-token steps). Under a
 structured-output grammar, drafts it refuses are cut before verification and the target's
 choices are its masked ones, so the output equals constrained decoding without speculation.
-Sequences that sample (temperature > 0), and those with nothing drafted, decode normally in the
-same turn: rejection sampling is not implemented.
+Sequences that sample (temperature > 0), and those with nothing drafted, take their next token
+from the same step (their first position): rejection sampling is not implemented.
 
 Each request sets its draft length from its own acceptance (`Speculator.draft_length`) and stops
-speculating when its drafts are mostly refused, or when speculating costs it more time per token
-on this machine than plain decoding does (both timed as the steps run).
+speculating when its drafts are mostly refused, or when they do not pay on this machine for the
+time they add to a step (`Speculator.breakeven`, from steps timed as they run).
 
 `predicted_speedup` turns a measured acceptance rate (and `speedup_on_target` a measured number
 of tokens per verification) into the speedup on the plan's target, from the plans' simulated
@@ -214,8 +214,8 @@ def lookup(history: Sequence[int], k: int, max_n: int = 4, min_n: int = 1) -> li
 
 
 class Speculator:
-    """`by_time`: also switch a request off when, on the machine this runs on, speculating costs it
-    more time per token than decoding plainly (see `draft_length`); `clock` measures that time."""
+    """`by_time`: also switch a request off when, on the machine this runs on, its drafts do not
+    pay for the time they cost (see `draft_length`); `clock` measures that time."""
 
     def __init__(self, target: Session, drafter: Drafter, k: int, metrics: Metrics | None = None, *,
                  by_time: bool = True, clock: Callable[[], float] = time.perf_counter) -> None:
@@ -224,12 +224,14 @@ class Speculator:
         self.target, self.drafter, self.k, self.metrics = target, drafter, k, metrics
         self.by_time, self.clock = by_time, clock
         self.proposed = self.accepted = self.verifications = 0
-        # What this machine took, as moving averages by the number of sequences n: a plain decode
-        # step of n, and the drafts and verification of n speculating (the cost of a step grows
-        # far less than n-fold here, so the two are compared at one n).
+        # What this machine took, as moving averages by the number of sequences n in the step (the
+        # cost of a step grows far less than n-fold here, so costs are compared at one n): a plain
+        # decode step of n; and the break-even of a turn of n that speculated, the accepted drafts
+        # per verification each speculating sequence had to bring to pay for its share of the turn.
         self.plain_at: dict[int, float] = {}
-        self.speculating_at: dict[int, float] = {}
-        self._speculated = 0  # the sequences of the last step that speculated
+        self.breakeven_at: dict[int, float] = {}
+        self.verify_at: dict[tuple[int, int], float] = {}  # (n, positions each) -> a verify step over a plain one
+        self._batch = 0  # the sequences of the last turn that speculated
 
     @property
     def sessions(self) -> list[Session]:
@@ -242,28 +244,28 @@ class Speculator:
     def free(self, slot: int) -> None:
         self.drafter.free(slot)
 
-    def losing(self) -> bool:
-        """A speculating step costs more plain ones than the tokens the verifications so far have
-        handed out each (k + 1, the most one can, before any): on this machine this draft loses
-        time, so new requests no longer try it (nor prefill the draft model)."""
-        cost = self.speculating_cost()
-        verifications = self.verifications
-        ceiling = 1 + self.accepted / verifications if verifications else self.k + 1
-        return cost is not None and cost > ceiling
+    def losing(self, n: int | None = None) -> bool:
+        """The verifications so far have accepted fewer drafts each (k, the most they can, before
+        any) than a turn of n sequences (the last that speculated, by default) needs to break even:
+        on this machine this draft loses time, so new requests no longer try it (nor prefill the
+        draft model)."""
+        needed = self.breakeven(n)
+        brought = self.accepted / self.verifications if self.verifications else self.k
+        return needed is not None and needed > brought
 
-    def draft_length(self, request: GenerationRequest) -> int:
-        """Drafts to propose for `request` this turn, from its own running acceptance rate a: k
-        until it has proposed TRIAL_DRAFTS; then one more than the run of acceptances expected
-        per turn, a / (1 - a), up to k; 0 below MIN_ACCEPTANCE: it decodes plainly from then on,
-        and a draft model no longer runs for it. With `by_time`, also 0 once a speculating step
-        costs more than as many plain steps as its verifications have handed out tokens each
-        (1 + accepted / verifications; `speculating_cost`), judged from its first verification: a
-        draft that loses time is switched off; and 0 from the start once the verifications so far
-        would not pay (`losing`). Once 0, always 0 (`request.speculating`)."""
-        if not request.speculating or (not request.verifications and self.losing()):
+    def draft_length(self, request: GenerationRequest, n: int) -> int:
+        """Drafts to propose for `request` in a turn of n sequences, from its own running acceptance
+        rate a: k until it has proposed TRIAL_DRAFTS; then one more than the run of acceptances
+        expected per turn, a / (1 - a), up to k; 0 below MIN_ACCEPTANCE: it decodes plainly from
+        then on, and a draft model no longer runs for it. With `by_time`, also 0 once its
+        verifications have accepted fewer drafts each than a turn of n needs to break even
+        (`breakeven`), judged from its first verification: a draft that loses time is switched off;
+        and 0 from the start once the verifications so far would not pay (`losing`). Once 0, always
+        0 (`request.speculating`)."""
+        if not request.speculating or request.temperature != 0 or (not request.verifications and self.losing(n)):
             return 0
-        cost = self.speculating_cost()  # judged from its first verification: a trial that loses time is cut short
-        if cost is not None and request.verifications and cost > 1 + request.accepted_drafts / request.verifications:
+        needed = self.breakeven(n)  # judged from its first verification: a trial that loses time is cut short
+        if needed is not None and request.verifications and request.accepted_drafts / request.verifications < needed:
             return 0
         if request.drafted < TRIAL_DRAFTS:
             return self.k
@@ -272,26 +274,46 @@ class Speculator:
             return 0
         return self.k if a >= 1 else max(1, min(self.k, round(a / (1 - a)) + 1))
 
-    def speculating_cost(self) -> float | None:
-        """With `by_time`: a speculating step of the last step's speculating sequences over a plain
-        step of as many (between the sizes timed plainly: linear, past them: the nearest); None
-        before both were timed."""
-        n = self._speculated
-        if not self.by_time or n not in self.speculating_at or not self.plain_at:
+    def breakeven(self, n: int | None = None) -> float | None:
+        """With `by_time`: the accepted drafts per verification a speculating sequence needs in a
+        turn of n (the last that speculated, by default) to hand out tokens at least as fast as
+        plain steps do (between the sizes timed: linear, past them: the nearest); None before a
+        turn that speculated was timed."""
+        if not self.by_time or not self.breakeven_at:
             return None
+        sizes = sorted(self.breakeven_at)
+        return float(np.interp(n or self._batch, sizes, [self.breakeven_at[m] for m in sizes]))
+
+    def _plain_s(self, n: int) -> float:
+        """A plain step of n, from the sizes timed (linear between them, past them: the nearest)."""
         sizes = sorted(self.plain_at)
-        return self.speculating_at[n] / float(np.interp(n, sizes, [self.plain_at[m] for m in sizes]))
+        return float(np.interp(n, sizes, [self.plain_at[m] for m in sizes]))
+
+    def _verify_pays(self, n: int, lengths: dict[int, int], rates: dict[int, float]) -> bool:
+        """Whether a verify step of n sequences, `lengths` drafts each for the slots drafting, is
+        expected to hand out tokens at least as fast as a plain step of n: the tokens expected of
+        each (a run of accepted drafts at its acceptance rate a, then the target's own token:
+        1 + a + .. + a^d) and one each from the rest, against the verify steps of n at as many
+        positions timed so far over a plain step (not timed yet, or without `by_time`: yes)."""
+        drafting = {slot: d for slot, d in lengths.items() if d}
+        cost = self.verify_at.get((n, 1 + max(drafting.values(), default=0)))
+        if not drafting or not self.by_time or cost is None:
+            return bool(drafting)
+        tokens = n - len(drafting) + sum(sum(rates.get(slot, 1.0) ** j for j in range(d + 1))
+                                         for slot, d in drafting.items())
+        return tokens >= cost * n
 
     async def step(self, engine: Engine, batch: Sequence[int]) -> None:
         """One turn for `batch` (the running slots): speculate for the greedy ones, decode the rest."""
         jobs: dict[int, Job] = {}
         plain: dict[int, int] = {}  # slot -> its last token
         constraints: dict[int, Constraint] = {}
+        rates: dict[int, float] = {}  # slot -> the acceptance rate its drafts are expected to have
         probe = self.by_time and len(batch) not in self.plain_at  # a plain step of this many, to time it
         for slot in batch:
             request = engine.running[slot]
             length = len(request.prompt) + len(request.generated)  # the last token is not in the cache yet
-            wanted = self.draft_length(request)
+            wanted = self.draft_length(request, len(batch))
             if wanted == 0 and request.speculating:  # switched off for good: the draft model stops following it too
                 request.speculating = False
                 self.drafter.free(slot)
@@ -300,11 +322,13 @@ class Speculator:
             k = min(wanted, request.max_tokens - len(request.generated) - 1, self.target.context - length - 1)
             if request.temperature == 0 and k >= 1:
                 jobs[slot] = (request.prompt + request.generated, k)
+                rates[slot] = (request.accepted_drafts / request.drafted if request.drafted
+                               else self.accepted / self.proposed if self.proposed else 1.0)
                 if request.constraint is not None:
                     constraints[slot] = request.constraint
             else:
                 plain[slot] = request.generated[-1]
-        results = await asyncio.to_thread(self._speculate, jobs, plain, constraints)
+        results = await asyncio.to_thread(self._speculate, jobs, plain, constraints, rates)
         for slot, (tokens, rows, proposed, accepted) in sorted(results.items()):
             request = engine.running[slot]
             if not tokens:  # decoded plainly: sample its next token as without speculation
@@ -321,42 +345,66 @@ class Speculator:
             engine._accept(request, tokens, rows)
         engine.observer.decode_step(len(batch), engine.slots)
 
-    def _speculate(self, jobs: dict[int, Job], plain: dict[int, int], constraints: dict[int, Constraint]
-                   ) -> dict[int, tuple[list[int], np.ndarray, int, int]]:
+    def _speculate(self, jobs: dict[int, Job], plain: dict[int, int], constraints: dict[int, Constraint],
+                   rates: dict[int, float] | None = None) -> dict[int, tuple[list[int], np.ndarray, int, int]]:
         """(tokens to hand out, the target's logits each was chosen from, drafts proposed, drafts
         accepted) per slot; for the slots decoded plainly (those asked to, and those with nothing
-        drafted), no tokens and the logits of one step. Under a grammar (`constraints`), drafts
-        past the first token it refuses are dropped before verification, and the target's
-        choices are its masked ones."""
+        drafted), no tokens and the logits of their next position. Under a grammar
+        (`constraints`), drafts past the first token it refuses are dropped before verification,
+        and the target's choices are its masked ones.
+
+        The whole turn is one step of the target: every sequence's positions padded to the
+        longest (the padding's logits unused, its cache cut back), since here, as on the target,
+        a step costs about its weight reads, which one per draft length (and one more for the
+        plain sequences) would repeat. A sequence within that many positions of the context's
+        end shortens everyone's drafts for the turn. The turn verifies only where that is
+        expected to pay (`_verify_pays`, from each sequence's acceptance rate in `rates`), judged
+        before drafting and again on the drafts made."""
         started = self.clock()
-        plain_s = 0.0
+        rates = rates or {}
+        n = len(jobs) + len(plain)
+        if not self._verify_pays(n, {slot: k for slot, (_, k) in jobs.items()}, rates):
+            jobs, plain = {}, plain | {slot: history[-1] for slot, (history, _) in jobs.items()}
         drafts = self.drafter.propose(jobs) if jobs else {}
         for slot, grammar in constraints.items():
-            drafts[slot] = drafts[slot][:grammar.matcher.validate_tokens(drafts[slot])]
+            if slot in drafts:
+                drafts[slot] = drafts[slot][:grammar.matcher.validate_tokens(drafts[slot])]
+        room = min(self.target.context - self.target.slot_length(slot) for slot in [*jobs, *plain])
+        for slot in jobs:
+            drafts[slot] = drafts[slot][:room - 1]
+        if not self._verify_pays(n, {slot: len(d) for slot, d in drafts.items()}, rates):
+            drafts = dict.fromkeys(drafts, [])
         undrafted = {slot: history[-1] for slot, (history, _) in jobs.items() if not drafts[slot]}
         self.drafter.settle(dict.fromkeys(undrafted, 0))  # nothing to verify: they decode plainly below
         plain = plain | undrafted
+        slots = sorted(plain)
+        if slots:
+            self.drafter.follow(slots, [plain[slot] for slot in slots])
         out: dict[int, tuple[list[int], np.ndarray, int, int]] = {}
-        if plain:
-            slots = sorted(plain)
-            tokens = [plain[slot] for slot in slots]
-            self.drafter.follow(slots, tokens)
-            begun = self.clock()  # the target's step alone: a request switched off no longer runs the draft
-            for slot, row in zip(slots, self.target.decode(slots, tokens)):
-                out[slot] = ([], row[None], 0, 0)
-            plain_s = self.clock() - begun
-            self.plain_at[len(slots)] = _average(self.plain_at.get(len(slots)), plain_s)
-        kept: dict[int, int] = {}
         verifying = sorted(slot for slot in jobs if drafts[slot])
-        before = {slot: self.target.slot_length(slot) for slot in verifying}
-        rows_of: dict[int, np.ndarray] = {}
-        for n in sorted({len(drafts[slot]) for slot in verifying}):  # one step per draft length
-            group = [slot for slot in verifying if len(drafts[slot]) == n]
-            rows_of |= zip(group, self.target.extend_many(group, [[jobs[slot][0][-1], *drafts[slot]] for slot in group]))
+        if not verifying:
+            begun = self.clock()  # the target's step alone: a request switched off no longer runs the draft
+            for slot, row in zip(slots, self.target.decode(slots, [plain[slot] for slot in slots])):
+                out[slot] = ([], row[None], 0, 0)
+            self.plain_at[len(slots)] = _average(self.plain_at.get(len(slots)), self.clock() - begun)
+            return out
+        fed = {slot: [jobs[slot][0][-1], *drafts[slot]] for slot in verifying} | {slot: [plain[slot]] for slot in slots}
+        width = max(len(ids) for ids in fed.values())
+        order = sorted(fed)
+        before = {slot: self.target.slot_length(slot) for slot in order}
+        begun = self.clock()
+        rows_of = dict(zip(order, self.target.extend_many(order, [ids + ids[-1:] * (width - len(ids))
+                                                                  for ids in (fed[slot] for slot in order)])))
+        if self.plain_at:
+            self.verify_at[n, width] = _average(self.verify_at.get((n, width)), (self.clock() - begun) / self._plain_s(n))
+        kept: dict[int, int] = {}
+        for slot in slots:
+            out[slot] = ([], rows_of[slot][:1], 0, 0)
+            self.target.truncate(slot, before[slot] + 1)
         for slot in verifying:
             proposal, rows = drafts[slot], rows_of[slot]
-            choices = (constraints[slot].greedy(rows, proposal) if slot in constraints
-                       else [int(np.argmax(row)) for row in rows])
+            choices = (constraints[slot].greedy(rows[:len(proposal) + 1], proposal) if slot in constraints
+                       else [int(np.argmax(row)) for row in rows[:len(proposal) + 1]])
             agree = min(len(proposal), len(choices))
             accepted = next((i for i in range(agree) if proposal[i] != choices[i]), agree)
             # Token i handed out (an accepted draft equals the target's choice) came from row i;
@@ -366,9 +414,10 @@ class Speculator:
             self.target.truncate(slot, before[slot] + 1 + accepted)  # [last, d1 .. d_accepted]; next feeds choices[accepted]
             kept[slot] = 1 + accepted
         self.drafter.settle(kept)
-        if verifying:
-            n = self._speculated = len(verifying)
-            self.speculating_at[n] = _average(self.speculating_at.get(n), self.clock() - started - plain_s)
+        self._batch = n
+        if self.plain_at:  # the turn's time over a plain step of as many, shared by those that speculated
+            extra = (self.clock() - started) / self._plain_s(n) - 1
+            self.breakeven_at[n] = _average(self.breakeven_at.get(n), extra * n / len(verifying))
         return out
 
 

@@ -132,6 +132,86 @@ def test_a_draft_on_chiplets_of_its_own_is_predicted_beside_the_target(artifacts
         assert beside > 1.2 * series
 
 
+def step_clock(monkeypatch, sessions: dict[str, tuple[Session, float]]) -> list[float]:
+    """A clock that charges each call of `name` on its session a fixed cost, whatever the number
+    of sequences in it (as this machine's steps nearly do); the clock's reading."""
+    now = [0.0]
+    for name, (session, cost) in sessions.items():
+        def charged(*args, _step=getattr(session, name.split(".")[-1]), _cost=cost, **kw):
+            now[0] += _cost
+            return _step(*args, **kw)
+        monkeypatch.setattr(session, name.split(".")[-1], charged)
+    return now
+
+
+@pytest.mark.parametrize("sampled, stays_on", [(0, True), (3, False)])
+def test_a_turn_is_one_target_step_and_its_cost_is_shared_by_the_sequences_that_speculate(
+        artifacts, monkeypatch, sampled, stays_on):
+    """Four sequences, the target drafting for itself (every draft accepted), on a clock that
+    charges a step a fixed cost whatever its size: a plain step 1, a verification 2, a draft step
+    0.1 (a turn 2.5 with the catch-up step). Every turn is one target step however the drafts and
+    the plain sequences mix. With all four speculating, each needs (2.5 - 1) x 4 / 4 = 1.5 of its 4
+    drafts accepted to break even: they stay on. With three of them sampling (plain), the one left
+    must pay for the turn alone: 6 > 4, so it stops after its first verification."""
+    target, draft = Session(artifacts["llama"]), Session(artifacts["llama"])
+    calls: list[str] = []
+    for session, name in ((target, "decode"), (target, "extend_many")):
+        original = getattr(session, name)
+        monkeypatch.setattr(session, name, lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a))
+    now = step_clock(monkeypatch, {"target.decode": (target, 1.0), "target.extend_many": (target, 2.0),
+                                   "draft.decode": (draft, 0.1)})
+    new = 20
+    reqs = [GenerationRequest(prompt=p, max_tokens=new, temperature=1.0 if i < sampled else 0.0, seed=i)
+            for i, p in enumerate(prompts(4, seed=13))]
+    speculator = Speculator(target, DraftModel(draft, target), 4, clock=lambda: now[0])
+    turns = [0]
+    speculate_turn = speculator._speculate
+    monkeypatch.setattr(speculator, "_speculate", lambda *a: turns.__setitem__(0, turns[0] + 1) or speculate_turn(*a))
+    asyncio.run(serve(Engine(target, speculator=speculator), reqs))
+    greedy = reqs[sampled:]
+    for request in greedy:
+        assert request.generated == alone(target, request.prompt, new)
+    for request in reqs[:sampled]:
+        assert request.generated == target.generate(request.prompt, new, temperature=1.0, seed=request.seed,
+                                                    eos_token_id=())[len(request.prompt):].tolist()
+    assert len(calls) == turns[0] and "extend_many" in calls  # one step of the target a turn
+    assert speculator.breakeven_at[4] == pytest.approx(1.5 * 4 / len(greedy), rel=0.05)  # the last turns: fewer drafts
+    if stays_on:
+        assert all(r.speculating and r.drafted >= 12 for r in greedy)
+    else:
+        assert not greedy[0].speculating and greedy[0].drafted == 4
+
+
+def test_a_turn_verifies_only_where_it_is_expected_to_pay(artifacts, monkeypatch):
+    """A verify step of n sequences at w positions costs `verify_at[n, w]` plain steps of n: it
+    runs only where the tokens expected (1 + a + .. + a^d for a sequence drafting d at acceptance
+    rate a, 1 for the rest) are at least that many times n. Where none would pay, the turns decode
+    plainly: no verification, no draft step, the same output."""
+    target, draft = Session(artifacts["llama"]), Session(artifacts["llama"])
+    speculator = Speculator(target, DraftModel(draft, target), 4)
+    speculator.verify_at[4, 5] = 2.0
+    one_of_four = {0: 4, 1: 0, 2: 0, 3: 0}
+    assert not speculator._verify_pays(4, one_of_four, {0: 0.5})  # 3 + 1.94 tokens < 8
+    assert not speculator._verify_pays(4, dict.fromkeys(range(4), 4), dict.fromkeys(range(4), 0.5))  # 7.75 < 8
+    assert speculator._verify_pays(4, dict.fromkeys(range(4), 4), dict.fromkeys(range(4), 0.8))  # 13.4 >= 8
+    assert speculator._verify_pays(4, {0: 2}, {0: 0.0})  # (4, 3) not timed yet: verify, to time it
+    assert not speculator._verify_pays(4, dict.fromkeys(range(4), 0), {})  # nothing drafted
+    speculator.by_time = False
+    assert speculator._verify_pays(4, one_of_four, {0: 0.0})  # --keep-speculating: always
+
+    verifications = []
+    extend_many = target.extend_many
+    monkeypatch.setattr(target, "extend_many", lambda *a: verifications.append(a) or extend_many(*a))
+    speculator = Speculator(target, DraftModel(draft, target), 4)
+    speculator.plain_at = dict.fromkeys(range(1, 5), 1.0)
+    speculator.verify_at = {(n, w): 100.0 for n in range(1, 5) for w in range(2, 6)}
+    reqs = [GenerationRequest(prompt=p, max_tokens=12) for p in prompts(2, seed=17)]
+    asyncio.run(serve(Engine(target, speculator=speculator), reqs))
+    for request in reqs:
+        assert request.generated == alone(target, request.prompt, 12)
+    assert verifications == [] and speculator.proposed == 0
+
+
 # -- n-gram drafts (prompt lookup) -----------------------------------------------------------------
 
 
@@ -221,7 +301,8 @@ def test_a_draft_that_costs_more_time_than_it_saves_is_switched_off(artifacts, m
     """The target drafts for itself (every draft accepted: 5 tokens a verification at k = 4) on a
     clock that charges each sequence 1 for a plain step, `verify_cost` for a verification and
     `draft_cost` for each draft step (4, then 1 to catch up): 0.1 and 1.5 cost 2 for 5 tokens,
-    worth it; 1.0 and 2.0 cost 7, more than 5 plain steps, so it stops after its first verification."""
+    worth it (a turn needs 1 accepted draft of the 4 to break even); 1.0 and 2.0 cost 7, more
+    than 5 plain steps (it would need 6), so it stops after its first verification."""
     target, draft = Session(artifacts["llama"]), Session(artifacts["llama"])
     now = [0.0]
 
@@ -243,7 +324,7 @@ def test_a_draft_that_costs_more_time_than_it_saves_is_switched_off(artifacts, m
     asyncio.run(serve(Engine(target, speculator=speculator), [request]))
     assert request.generated == alone(target, [9, 10, 11], new)
     assert speculator.plain_at == {1: 1.0}  # its first step decoded plainly, to time a plain step of one
-    assert speculator.speculating_at[1] == pytest.approx(5 * draft_cost + verify_cost, rel=0.05)  # the last: fewer drafts
+    assert speculator.breakeven_at[1] == pytest.approx(5 * draft_cost + verify_cost - 1, rel=0.05)  # the last: fewer drafts
     assert request.accepted_drafts == request.drafted
     if stays_on:
         assert request.drafted > 20
