@@ -209,6 +209,8 @@ def speculate(target: Path, draft: Path, source: Path, prompts: list[str], new_t
         "target_step_s": plans[0].prediction.time_per_token_s, "verify_step_s": verify_step_s(plans[0], 4),
         "draft_step_s": plans[1].prediction.time_per_token_s,
         "same_tokens_as_generate": sum(r.get("ids") == s for r, s in zip(rows, sequential)),
+        "same_tokens_as_served": sum(r.get("ids") == s for r, s in zip(rows, served["ids"])),
+        "timed_same_tokens_as_served": sum(r.get("ids") == s for r, s in zip(timed_rows, served["ids"])),
         "timed_tokens_per_s": summarize(timed_rows, timed_s, new_tokens)["tokens_per_s"],
         "timed_same_tokens_as_generate": sum(r.get("ids") == s for r, s in zip(timed_rows, sequential)),
         "speedup_vs_served": len([r for r in rows if r.get("ok")]) * new_tokens / wall_s / served["tokens_per_s"]} | {
@@ -394,6 +396,7 @@ def main() -> None:
     finally:
         server.close()
     served = summarize(rows, wall_s, new_tokens)
+    served["ids"] = [r.get("ids") for r in rows]
     served["same_tokens_as_generate"] = sum(r.get("ids") == s for r, s in zip(rows, sequential))
     served["speedup_vs_sequential"] = served["tokens_per_s"] / sequential_tps
     print(f"  served: {served['completed']}/{clients} completed, {served['tokens_per_s']:.1f} tok/s "
@@ -456,7 +459,8 @@ def timed(x: dict[str, Any]) -> str:
             f"verification computes every position) {x['tokens_per_s']:.1f} tokens/s ({x['speedup_vs_served']:.2f}x "
             f"plain serving), and with the time rule (drafts stop where they cost time here), after a warm-up of the "
             f"same load at {WARM_TOKENS} tokens a request, {x['timed_tokens_per_s']:.1f} (**{x['timed_speedup_vs_served']:.2f}x**; "
-            f"greedy tokens equal to `generate`: {x['timed_same_tokens_as_generate']} / {x['requests']})")
+            f"greedy tokens equal to plain serving: {x['timed_same_tokens_as_served']} / {x['requests']}, to `generate`: "
+            f"{x['timed_same_tokens_as_generate']} / {x['requests']})")
 
 
 def steps(x: dict[str, Any], draft: str = "") -> str:
@@ -511,11 +515,13 @@ def render(r: dict[str, Any], command: str) -> str:
     if p:
         lines += ["", f"Speculative decoding, the first {DRAFT_LAYERS} of the model's 30 layers (with its final norm and "
                       f"head, INT8) as the draft, k = 4, the same load: {verified(p)}; greedy tokens equal to "
-                      f"`generate`: {p['same_tokens_as_generate']} / {p['requests']}; {timed(p)}; {steps(p, 'draft')}."]
+                      f"plain serving: {p['same_tokens_as_served']} / {p['requests']}, to `generate`: "
+                      f"{p['same_tokens_as_generate']} / {p['requests']}; {timed(p)}; {steps(p, 'draft')}."]
     o = r.get("self_draft")
     if o:
         lines += ["", f"The INT4 self draft (`--speculative-method self`: the same GGUF compiled at INT4, group 32, no "
-                      f"calibration), k = 4, the same load: {verified(o)}; greedy tokens equal to `generate`: "
+                      f"calibration), k = 4, the same load: {verified(o)}; greedy tokens equal to plain "
+                      f"serving: {o['same_tokens_as_served']} / {o['requests']}, to `generate`: "
                       f"{o['same_tokens_as_generate']} / {o['requests']}; {timed(o)}; {steps(o, 'INT4 draft')} (this "
                       f"model's step is bound by per-layer latency, not bytes, so halving the bytes saves little). "
                       f"The GGUF's weights are 4-bit already "
