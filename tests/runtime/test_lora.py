@@ -182,17 +182,19 @@ def test_both_adapters_on_smollm2_give_peft_merged_models_logits(tmp_path):
     """SmolLM2-135M from its GGUF (its weights dequantized to fp32 by `transformers`), compiled at
     fp32 onto the mock target with 64 MiB chiplets, and the two adapter kinds above made with
     `peft` for it (B scaled to an effect of the size training gives): each within 1e-4 of PEFT's
-    merged model (measured 3.5e-05 and 5.0e-05 against effects of 2.0 and 0.57 on the logits)."""
+    merged model (measured 3.5e-05 and 5.0e-05 against effects of 2.0 and 0.57 on the logits),
+    alone and in one step beside the base and the other adapter."""
     from aviatorc.frontends.gguf import load_gguf_model
     from aviatorc.target.loader import load_target
 
     model = load_gguf_model(SMOL).eval()
     target = tmp_path / "mock-64m.toml"  # the mock target's fp32, with room for SmolLM2's layers
     target.write_text(Path(load_target("mock").source).read_text().replace("sram_bytes = 1048576", "sram_bytes = 67108864"))
-    session = Session(aviatorc.compile(str(SMOL), target=str(target), context=32, prompt=8, batch=2, sweep=False,
+    session = Session(aviatorc.compile(str(SMOL), target=str(target), context=32, prompt=8, batch=3, sweep=False,
                                        ranges=False), lora=True)
     ids = PROMPT_IDS["smol"]
     plain = eager(model, ids)[-1]
+    wanted = {None: eager(model, [*ids, 11])[-1]}  # adapter -> the logits after [*ids, 11]
     for seed, (name, (rank, alpha, modules, rslora)) in enumerate(ADAPTERS.items()):
         torch.manual_seed(100 + seed)
         config = peft.LoraConfig(r=rank, lora_alpha=alpha, target_modules=modules, use_rslora=rslora,
@@ -211,6 +213,12 @@ def test_both_adapters_on_smollm2_give_peft_merged_models_logits(tmp_path):
         np.testing.assert_allclose(session.prefill(0, ids, adapter=name), want[-2], atol=1e-4)
         np.testing.assert_allclose(session.decode([0], [11])[0], want[-1], atol=1e-4)
         session.free(0)
+        wanted[name] = want[-1]
+    # One step mixing the base and both adapters gives each what PEFT's model gives it alone.
+    for slot, name in enumerate(wanted):
+        session.prefill(slot, ids, adapter=name)
+    for row, want in zip(session.decode([0, 1, 2], [11, 11, 11]), wanted.values()):
+        np.testing.assert_allclose(row, want, atol=1e-4)
 
 
 def test_a_plan_compiled_for_adapters_reserves_their_sram_counts_their_work_and_holds_to_it(base, adapters, tmp_path):
