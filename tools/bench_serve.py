@@ -60,6 +60,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "bench_serve.md"
 ROOT = Path(__file__).resolve().parents[1]
 READY = "aviatorc serve: listening on"
 DRAFT_LAYERS = 20
+K = 4  # drafts a verification proposes at most (--num-speculative-tokens)
 WARM_TOKENS = 8  # a warm-up long enough to speculate: the server times its steps and judges the drafts
 PROMPTS = [
     "The capital of France is", "Water boils at a temperature of", "The largest planet in the solar system is",
@@ -199,14 +200,14 @@ def speculate(target: Path, draft: Path, source: Path, prompts: list[str], new_t
     from aviatorc.serve.speculative import predicted_speedup, verify_step_s
 
     args = (str(target), "--tokenizer", str(source), "--served-model-name", "model", "--draft", str(draft),
-            "--num-speculative-tokens", "4", *extra)
+            "--num-speculative-tokens", str(K), *extra)
     rows, wall_s, counts = speculating_run(Server(*args, "--keep-speculating"), prompts, new_tokens, 2)
     timed_rows, timed_s, _ = speculating_run(Server(*args), prompts, new_tokens, WARM_TOKENS)
     plans = [load_artifact(p).plan for p in (target, draft)]
     acceptance = counts["accepted"] / max(1.0, counts["drafted"])
     return summarize(rows, wall_s, new_tokens) | counts | per_verification(counts, *plans) | {
-        "acceptance": acceptance, "predicted_speedup": predicted_speedup(acceptance, 4, *plans),
-        "target_step_s": plans[0].prediction.time_per_token_s, "verify_step_s": verify_step_s(plans[0], 4),
+        "acceptance": acceptance, "predicted_speedup": predicted_speedup(acceptance, K, *plans),
+        "target_step_s": plans[0].prediction.time_per_token_s, "verify_step_s": verify_step_s(plans[0], K),
         "draft_step_s": plans[1].prediction.time_per_token_s,
         "same_tokens_as_generate": sum(r.get("ids") == s for r, s in zip(rows, sequential)),
         "same_tokens_as_served": sum(r.get("ids") == s for r, s in zip(rows, served["ids"])),
@@ -244,7 +245,9 @@ def per_verification(counts: dict[str, float], target_plan: Any, draft_plan: Any
     n = max(1.0, counts["verifications"])
     tokens, drafts = 1 + counts["accepted"] / n, counts["drafted"] / n
     return {"tokens_per_verification": tokens, "drafts_per_verification": drafts,
-            "measured_steps_speedup": speedup_on_target(tokens, drafts, target_plan, draft_plan)}
+            "measured_steps_speedup": speedup_on_target(tokens, drafts, target_plan, draft_plan),
+            # a turn pads every sequence's drafts to the longest: at worst each verifies k + 1 positions
+            "padded_steps_speedup": speedup_on_target(tokens, K, target_plan, draft_plan)}
 
 
 def truncated_draft(source: Path, out: Path, layers: int, slots: int, context: int) -> None:
@@ -285,7 +288,7 @@ def ngram_and_prefix(source: Path, work: Path, new_tokens: int) -> dict[str, Any
     compile_plan(source, plan_path, "int8", len(REPEATING), 512)
     base = (str(plan_path), "--tokenizer", str(source), "--served-model-name", "model")
     runs: dict[str, Any] = {}
-    ngram_args = ("--speculative-method", "ngram", "--num-speculative-tokens", "4")
+    ngram_args = ("--speculative-method", "ngram", "--num-speculative-tokens", str(K))
     for name, extra, warm in (("plain", (), WARM_TOKENS), ("ngram", (*ngram_args, "--keep-speculating"), 2),
                               ("timed", ngram_args, WARM_TOKENS)):
         rows, wall_s, counts = speculating_run(Server(*base, *extra), REPEATING, new_tokens, warm)
@@ -301,8 +304,8 @@ def ngram_and_prefix(source: Path, work: Path, new_tokens: int) -> dict[str, Any
                    "ngram_tokens_per_s": ngram["tokens_per_s"], "measured_speedup": ngram["tokens_per_s"] / plain["tokens_per_s"],
                    "timed_tokens_per_s": timed["tokens_per_s"], "timed_speedup": timed["tokens_per_s"] / plain["tokens_per_s"],
                    "timed_same_tokens_as_plain": sum(a == b for a, b in zip(plain_ids, timed.pop("ids"))),
-                   "predicted_speedup": predicted_speedup(ngram["acceptance"], 4, plan),
-                   "target_step_s": plan.prediction.time_per_token_s, "verify_step_s": verify_step_s(plan, 4)}
+                   "predicted_speedup": predicted_speedup(ngram["acceptance"], K, plan),
+                   "target_step_s": plan.prediction.time_per_token_s, "verify_step_s": verify_step_s(plan, K)}
     print(f"  n-gram speculation: acceptance {speculation['acceptance']:.3f}, {speculation['timed_speedup']:.2f}x plain "
           f"here ({speculation['measured_speedup']:.2f}x with drafts kept), predicted "
           f"{speculation['predicted_speedup']:.2f}x on the target ({speculation['measured_steps_speedup']:.2f}x from its "
@@ -476,7 +479,8 @@ def verified(x: dict[str, Any]) -> str:
             f"handing out {x['tokens_per_verification']:.2f} tokens each from {x['drafts_per_verification']:.2f} "
             f"drafts); predicted on the plans' target: **{x['predicted_speedup']:.2f}x** from that acceptance at k = 4 "
             f"(`predicted_speedup`), **{x['measured_steps_speedup']:.2f}x** from those verifications "
-            f"(`speedup_on_target`)")
+            f"(`speedup_on_target`), {x['padded_steps_speedup']:.2f}x with each verifying all k + 1 positions (a turn "
+            f"pads the drafts to the longest)")
 
 
 def render(r: dict[str, Any], command: str) -> str:
