@@ -330,6 +330,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-batched-tokens", type=int, metavar="N", help="chunked prefill: each step computes at "
                    "most N tokens, one per decoding sequence and the rest from prompts, so a long prompt is prefilled "
                    "in chunks between decode steps instead of stalling them (default: whole prompts)")
+    p.add_argument("--swap-space", type=float, default=4.0, metavar="GIB", help="host memory (GiB) for the KV "
+                   "caches of sequences preempted under --scheduling-policy priority: one that fits is restored on "
+                   "readmission, the others are computed again (default: 4, as vLLM)")
     p.add_argument("--shutdown-timeout", type=float, default=LIMITS.shutdown_timeout_s, metavar="S",
                    help="on SIGTERM, how long the requests in progress may run on before they end with an error "
                    "(new ones get 503 meanwhile)")
@@ -757,7 +760,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                             prefix_cache_tokens=_prefix_cache_tokens(args),
                             max_num_batched_tokens=args.max_num_batched_tokens, loras=_loras(args.lora),
                             keep_speculating=args.keep_speculating,
-                            enable_lora=args.enable_lora)
+                            enable_lora=args.enable_lora, swap_bytes=_swap_bytes(args.swap_space))
     serve(specs, options, host=args.host, port=args.port, log_level=args.log_level, limits=limits)
     return 0
 
@@ -773,6 +776,12 @@ def _loras(given: list[str]) -> tuple[tuple[str, str], ...]:
             raise OptionError(f"--lora names '{name}' twice")
         out[name] = path
     return tuple(out.items())
+
+
+def _swap_bytes(gib: float) -> int:
+    if not gib >= 0:  # NaN too
+        raise OptionError(f"--swap-space must be >= 0 GiB, not {gib}")
+    return int(gib * 2**30)
 
 
 def _prefix_cache_tokens(args: argparse.Namespace) -> int | None:

@@ -10,7 +10,8 @@ Each turn of `run`, on the event loop (so the state needs no locks):
 2. admit waiting requests into free KV slots, by policy: `fcfs` (arrival order) or `priority`
    (lower `priority` first, ties by arrival, as vLLM); under `priority` a waiting request may
    preempt the running one of the lowest priority, which goes back to the queue keeping its
-   generated tokens and is prefilled again with them on readmission (recompute, as vLLM);
+   generated tokens: its KV cache is swapped out to host memory while `swap_bytes` has room and
+   restored on readmission, else it is prefilled again with them (recompute, as vLLM);
 3. prefill each admitted request (one at a time: prompts differ in length; the next one chosen
    again after each, so an arrival goes first) and sample its first token;
 4. decode one token for every running sequence in one batched `Session.decode` step.
@@ -107,6 +108,7 @@ class GenerationRequest:
     _end: Finished | None = None  # asked for from outside the engine; applied at its next turn
     _slot: int | None = None
     _prefill_left: int = 0  # tokens of prompt + generated not yet in its slot's cache (chunked prefill)
+    _swapped: tuple[int, dict[str, np.ndarray]] | None = None  # preempted: (positions, its cache) in host memory
 
     def __post_init__(self) -> None:
         check_sampling(self.temperature, self.top_p)
@@ -157,8 +159,10 @@ class StepSession(Protocol):
     def prefill(self, slot: int, ids: Any, *, adapter: str | None = None) -> np.ndarray: ...
     def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> np.ndarray: ...
     def free(self, slot: int) -> None: ...
-    def resume(self, slot: int, cache: Any, length: int, ids: Any) -> np.ndarray: ...
+    def resume(self, slot: int, cache: Any, length: int, ids: Any, *, adapter: str | None = None) -> np.ndarray: ...
     def extend(self, slot: int, ids: Any) -> np.ndarray: ...
+    def slot_length(self, slot: int) -> int: ...
+    def prefix(self, slot: int, start: int, stop: int) -> dict[str, np.ndarray]: ...
 
 
 class Observer(Protocol):
@@ -171,6 +175,8 @@ class Observer(Protocol):
     def finished(self, request: GenerationRequest) -> None: ...
     def speculated(self, proposed: int, accepted: int) -> None: ...
     def prefix_cache(self, queried: int, hit: int) -> None: ...
+    def preempted(self, swapped: bool) -> None: ...
+    def swap_space(self, held_bytes: int) -> None: ...
 
 
 class _NoObserver:
@@ -187,11 +193,13 @@ class Engine:
     def __init__(self, session: StepSession, *, max_num_seqs: int | None = None, policy: str = "fcfs",
                  max_queue: int = 256, request_timeout_s: float | None = None, observer: Observer | None = None,
                  speculator: Any = None, prefix_cache: PrefixCache | None = None,
-                 max_num_batched_tokens: int | None = None) -> None:
+                 max_num_batched_tokens: int | None = None, swap_bytes: int = 4 << 30) -> None:
         if policy not in POLICIES:
             raise OptionError(f"unknown scheduling policy '{policy}'", hint=f"choose one of {', '.join(POLICIES)}")
         if max_num_seqs is not None and max_num_seqs < 1:
             raise OptionError(f"--max-num-seqs must be >= 1, not {max_num_seqs}")
+        if swap_bytes < 0:
+            raise OptionError(f"--swap-space must be >= 0, not {swap_bytes} bytes")
         if max_num_batched_tokens is not None and max_num_batched_tokens < 1:
             raise OptionError(f"--max-num-batched-tokens must be >= 1, not {max_num_batched_tokens}")
         if session.num_slots < 1:  # nothing could ever be admitted: every request would wait for ever
@@ -206,6 +214,8 @@ class Engine:
         self.speculator = speculator
         self.prefix_cache = prefix_cache
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.swap_bytes = swap_bytes  # host memory for the caches of preempted sequences
+        self.swapped_bytes = 0  # what they hold now
         self.waiting: list[GenerationRequest] = []
         self.running: dict[int, GenerationRequest] = {}  # slot -> request
         self._arrivals = itertools.count()
@@ -337,8 +347,10 @@ class Engine:
             raise RuntimeError(f"request {request.arrival} was admitted without a slot")
         ids = np.array(request.prompt + request.generated, dtype=np.int64)
         done = len(ids) - request._prefill_left  # admission sets it to all of ids: 0 done
+        swapped = self._swap_in(request)
         try:
-            stop, computed, logits = await asyncio.to_thread(self._prefill_now, request, slot, ids, done, budget, first)
+            stop, computed, logits = await asyncio.to_thread(self._prefill_now, request, slot, ids, done, budget, first,
+                                                             swapped)
         except Exception as error:  # noqa: BLE001 - this request's own failure ends it alone
             if not isinstance(error, AviatorError):
                 log.exception("prefill of request %d failed", request.arrival)
@@ -351,9 +363,11 @@ class Engine:
         return None if budget is None else budget - computed
 
     def _prefill_now(self, request: GenerationRequest, slot: int, ids: np.ndarray, done: int, budget: int | None,
-                     first: bool) -> tuple[int, int, np.ndarray]:
+                     first: bool, swapped: tuple[int, dict[str, np.ndarray]] | None = None
+                     ) -> tuple[int, int, np.ndarray]:
         """Prefill ids[done:] of `request`'s sequence in `slot`, at most `budget` computed tokens: (tokens in its
-        cache after, tokens computed, the logits after the last of them)."""
+        cache after, tokens computed, the logits after the last of them). `swapped`: its cache as it was
+        preempted (positions, arrays), restored instead of computed again."""
         sessions = [self.session] + (self.speculator.sessions if self.speculator is not None else [])
         with contextlib.ExitStack() as held:
             if first:
@@ -365,13 +379,16 @@ class Engine:
                 start = done
                 stop = len(ids) if budget is None else min(len(ids), start + budget)
                 logits = self.session.extend(slot, ids[start:stop])[-1]
-            else:  # the first chunk, after the longest cached prefix
-                start, arrays = cache.lookup(ids.tolist()) if cache is not None else (0, {})
+            else:  # the first chunk, after its swapped-out cache or the longest cached prefix
+                if swapped is not None:
+                    start, arrays = swapped
+                else:
+                    start, arrays = cache.lookup(ids.tolist()) if cache is not None else (0, {})
+                    if cache is not None:
+                        self.observer.prefix_cache(len(ids), start)
                 stop = len(ids) if budget is None else min(len(ids), start + budget)
-                logits = (self.session.resume(slot, arrays, start, ids[start:stop]) if start
+                logits = (self.session.resume(slot, arrays, start, ids[start:stop], adapter=adapter) if start
                           else self.session.prefill(slot, ids[:stop], adapter=adapter))
-                if cache is not None:
-                    self.observer.prefix_cache(len(ids), start)
             if stop == len(ids):
                 if cache is not None:
                     cache.insert(slot, ids.tolist())
@@ -432,6 +449,7 @@ class Engine:
             return
         request.finished = end
         self._release(request)
+        self._swap_in(request)  # a preempted request that ends waiting: its cache is dropped
         if request in self.waiting:
             self.waiting.remove(request)
         request._queue.put_nowait(end)
@@ -485,11 +503,37 @@ class Engine:
         victim = max(self.running.values(), key=self._order)
         if self._order(request) >= self._order(victim) or request.priority >= victim.priority:
             return False
+        self._swap_out(victim)
         self._release(victim)
         victim.preemptions += 1
         self.waiting.append(victim)
         self.waiting.sort(key=self._order)
         return True
+
+    def _swap_out(self, request: GenerationRequest) -> None:
+        """Keep a preempted sequence's cache in host memory, while `swap_bytes` has room, so that its
+        readmission restores it instead of computing it again (recompute otherwise, as vLLM does
+        without swap space; also for a bounded cache that evicted positions)."""
+        assert request._slot is not None
+        length = self.session.slot_length(request._slot)
+        arrays: dict[str, np.ndarray] = {}
+        with contextlib.suppress(OptionError):  # a bounded cache's evicted positions cannot be handed out
+            arrays = self.session.prefix(request._slot, 0, length) if length else {}
+        size = sum(a.nbytes for a in arrays.values())
+        swapped = bool(arrays) and self.swapped_bytes + size <= self.swap_bytes
+        if swapped:
+            request._swapped = (length, arrays)
+            self.swapped_bytes += size
+            self.observer.swap_space(self.swapped_bytes)
+        self.observer.preempted(swapped)
+
+    def _swap_in(self, request: GenerationRequest) -> tuple[int, dict[str, np.ndarray]] | None:
+        """Take back a request's swapped-out cache (None if it has none), freeing its swap space."""
+        swapped, request._swapped = request._swapped, None
+        if swapped is not None:
+            self.swapped_bytes -= sum(a.nbytes for a in swapped[1].values())
+            self.observer.swap_space(self.swapped_bytes)
+        return swapped
 
     def _release(self, request: GenerationRequest) -> None:
         """Free the request's KV slot (in the session, and the draft's) if it holds one."""

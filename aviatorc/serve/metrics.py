@@ -16,6 +16,8 @@ Names follow vLLM's where one exists, under `aviatorc_`; every series carries th
     aviatorc_spec_decode_num_drafts_total     counter    verifications (a sequence's drafts checked in a
                                                          step): tokens per verification = 1 + accepted / it
     aviatorc_prefix_cache_queries_total / _hits_total  counter  prompt tokens looked up / found cached
+    aviatorc_num_preemptions_total{swapped}   counter    sequences preempted, their cache swapped out or not
+    aviatorc_swap_space_bytes                 gauge      host memory held by swapped-out caches
 
 The same series also appear under vLLM's own names (`VLLM_ALIASES`: `vllm:num_requests_running`,
 `vllm:kv_cache_usage_perc`, ...; the label `model_name`, finished requests as
@@ -55,6 +57,7 @@ VLLM_ALIASES = {
     "aviatorc_spec_decode_draft_tokens": "vllm:spec_decode_num_draft_tokens",
     "aviatorc_spec_decode_accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
     "aviatorc_spec_decode_num_drafts": "vllm:spec_decode_num_drafts",
+    "aviatorc_num_preemptions": "vllm:num_preemptions",
 }
 _FINISHED = ("stop", "length")  # the outcomes vLLM counts as request_success (its finished_reason)
 
@@ -92,6 +95,9 @@ class Registry:
                                       m, registry=r)
         self.prefix_hits = Counter("aviatorc_prefix_cache_hits", "Prompt tokens found in the prefix cache", m,
                                    registry=r)
+        self.preemptions = Counter("aviatorc_num_preemptions", "Sequences preempted (swapped: their KV cache kept "
+                                   "in host memory, else computed again on readmission)", [*m, "swapped"], registry=r)
+        self.swap_space = Gauge("aviatorc_swap_space_bytes", "Host memory held by swapped-out KV caches", m, registry=r)
         self.vllm = CollectorRegistry()
         self.vllm.register(_Aliases(self.registry))
 
@@ -145,6 +151,12 @@ class Metrics:
     def prefix_cache(self, queried: int, hit: int) -> None:
         self.f.prefix_queries.labels(self.model).inc(queried)
         self.f.prefix_hits.labels(self.model).inc(hit)
+
+    def preempted(self, swapped: bool) -> None:
+        self.f.preemptions.labels(self.model, str(swapped).lower()).inc()
+
+    def swap_space(self, held_bytes: int) -> None:
+        self.f.swap_space.labels(self.model).set(held_bytes)
 
     def speculated(self, proposed: int, accepted: int) -> None:
         self._drafted += proposed

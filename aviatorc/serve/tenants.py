@@ -48,6 +48,7 @@ class EngineOptions:
     max_num_batched_tokens: int | None = None  # chunked prefill: tokens a turn computes (decodes + prompt chunks)
     loras: tuple[tuple[str, str], ...] = ()  # (name, PEFT folder) of LoRA adapters beside the first model
     enable_lora: bool = False  # the first model runs adapters, loaded at start (`loras`) or later over HTTP
+    swap_bytes: int = 4 << 30  # host memory for preempted sequences' KV caches (--swap-space)
 
     @property
     def method(self) -> str | None:
@@ -139,7 +140,7 @@ def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Regist
             engine = Engine(session, max_num_seqs=options.max_num_seqs, policy=options.policy,
                             max_queue=options.max_queue, request_timeout_s=options.request_timeout_s,
                             observer=metrics, speculator=speculator, prefix_cache=prefix_cache,
-                            max_num_batched_tokens=options.max_num_batched_tokens)
+                            max_num_batched_tokens=options.max_num_batched_tokens, swap_bytes=options.swap_bytes)
         except AviatorError as error:
             raise error.with_file(spec.artifact) from None
         # Given, else the artifact's source's own (a GGUF file carries its tokenizer and chat template).

@@ -3,7 +3,8 @@
 - sequences admitted and decoded together give, token for token, what `Session.generate` gives
   each prompt alone (greedy), with more requests than KV slots;
 - fcfs serves in arrival order; under `priority` a more important arrival preempts the least
-  important running sequence, which later resumes and still ends with its own greedy tokens;
+  important running sequence, which later resumes (its cache swapped out to host memory and back,
+  or computed again without room for it) and still ends with its own greedy tokens;
 - deadlines, cancellation and a full queue end requests with the right outcome and free the slot.
 """
 
@@ -73,17 +74,51 @@ def test_fcfs_finishes_in_arrival_order_on_one_slot(session):
     assert order == reqs  # priorities are ignored under fcfs
 
 
-def test_a_more_important_request_preempts_and_the_preempted_one_resumes(session):
+class Preemptions:
+    """An observer of preemptions and swap space (the rest of the hooks do nothing)."""
+
+    def __init__(self) -> None:
+        self.swapped: list[bool] = []
+        self.held: list[int] = []
+
+    def preempted(self, swapped: bool) -> None:
+        self.swapped.append(swapped)
+
+    def swap_space(self, held_bytes: int) -> None:
+        self.held.append(held_bytes)
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+@pytest.mark.parametrize("swap_bytes", [4 << 30, 1, 0])
+def test_a_more_important_request_preempts_and_the_preempted_one_resumes(session, monkeypatch, swap_bytes):
+    """Preempted after some tokens, the background request ends as it would alone: with swap space
+    for its cache, restored and only its last token computed; with too little (1 byte) or none,
+    prefilled again with its tokens so far. The swap space is empty again at the end."""
+    computed: list[int] = []  # tokens each prefill or resume computed
+    prefill, resume = session.prefill, session.resume
+    monkeypatch.setattr(session, "prefill", lambda slot, ids, **kw: computed.append(len(ids)) or prefill(slot, ids, **kw))
+    monkeypatch.setattr(session, "resume", lambda slot, cache, n, ids, **kw: computed.append(len(ids)) or
+                        resume(slot, cache, n, ids, **kw))
     low, high = prompts(2, seed=2)
     background = GenerationRequest(prompt=low, max_tokens=20, priority=5)
     interactive = GenerationRequest(prompt=high, max_tokens=3, priority=0)
-    engine = Engine(session, max_num_seqs=1, policy="priority")
+    observer = Preemptions()
+    engine = Engine(session, max_num_seqs=1, policy="priority", observer=observer, swap_bytes=swap_bytes)
     order = asyncio.run(serve(engine, [background, interactive], stagger_steps=4))
     assert order == [interactive, background]
     assert background.preemptions == 1 and interactive.preemptions == 0
-    # Preempted after some tokens, prefilled again with them, it still ends as it would alone.
     assert background.generated == alone(session, low, 20)
     assert interactive.generated == alone(session, high, 3)
+    again = computed[2]  # the background's prompt, the interactive's, then the background's readmission
+    if swap_bytes > 1:
+        assert observer.swapped == [True] and again == 1  # its cache came back: only the token it had not fed
+        assert observer.held[0] > 0 and observer.held[-1] == 0
+    else:
+        assert observer.swapped == [False] and observer.held == []
+        assert again > len(low)  # computed again: its prompt and the tokens it had
+    assert engine.swapped_bytes == 0 and background._swapped is None
 
 
 def test_equal_priorities_are_served_first_come_first_served(session):

@@ -309,3 +309,36 @@ def test_a_model_that_cannot_serve_is_refused_before_listening(tmp_path):
     out = subprocess.run([sys.executable, "-m", "aviatorc", "serve", str(tmp_path / "missing.avc"), "--port", "0"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "not an artifact directory" in out.stderr and "listening" not in out.stdout
+
+
+def test_a_preempted_stream_is_swapped_out_and_back_and_ends_as_it_would_alone(artifacts, tokenizer_dir, tmp_path,
+                                                                                session):
+    """One sequence at a time under `priority`: an interactive request (priority 0) preempts a
+    background stream (priority 10) once that has streamed a few tokens. The background's KV
+    cache goes to host memory (--swap-space) and comes back, and it still streams the greedy
+    tokens it gets alone; the swap space is empty again after."""
+    import threading
+
+    with start_server(str(artifacts["llama"]), "--tokenizer", str(tokenizer_dir), "--scheduling-policy", "priority",
+                      "--max-num-seqs", "1", "--swap-space", "0.01", log=tmp_path / "server.log") as server:
+        body = {"model": "llama", "prompt": [40, 41, 42], "max_tokens": 400, "temperature": 0, "stream": True,
+                "ignore_eos": True, "return_token_ids": True, "priority": 10}
+        urgent = {"model": "llama", "prompt": [50, 51], "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+                  "return_token_ids": True, "priority": 0}
+        answers: list[httpx.Response] = []
+        sender = threading.Thread(target=lambda: answers.append(
+            httpx.post(server.url + "/v1/completions", json=urgent, timeout=60)))
+        tokens: list[int] = []
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    tokens += json.loads(line[6:])["choices"][0]["token_ids"]
+                    if len(tokens) >= 3 and sender.ident is None:  # not started yet
+                        sender.start()
+        sender.join(timeout=60)
+        assert answers[0].status_code == 200
+        assert answers[0].json()["choices"][0]["token_ids"] == greedy(session, [50, 51], 4, eos=None)
+        assert tokens == greedy(session, [40, 41, 42], 400, eos=None)
+        assert metric(server, "aviatorc_num_preemptions_total", swapped="true") == 1
+        assert metric(server, "aviatorc_num_preemptions_total", swapped="false") == 0
+        assert metric(server, "aviatorc_swap_space_bytes") == 0
