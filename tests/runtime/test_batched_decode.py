@@ -185,3 +185,26 @@ def test_the_step_graph_excludes_padded_positions(arch, attention):
             assert float(np.abs(got[slot] - alone[slot]).max()) <= ATOL, (fill, slot)
     leaked = padded(0.0, masked=False)
     assert float(np.abs(leaked[1] - alone[1]).max()) > 100 * ATOL  # the check above can fail
+
+
+def test_sequences_of_very_different_lengths_step_in_groups_with_the_same_results(monkeypatch, sessions):
+    """Padding a short cache to a long one's length costs what real positions do, so the step
+    groups sequences by length (`_length_groups`): a group grows while the positions it pads with
+    stay within PADDING_LIMIT. With the limit at 4 positions, the prompts of 8, 3 and 5 tokens
+    step as [8, 5] and [3]; the logits are each sequence's own either way."""
+    from aviatorc.runtime import session as session_module
+
+    assert session_module._length_groups([8, 3, 5], 1) == [[0, 2, 1]]  # 5 + 3 = 8 positions padded <= 512
+    assert session_module._length_groups([30, 30, 1500, 30, 30], 1) == [[2], [0, 1, 3, 4]]
+    assert session_module._length_groups([1500, 900, 1490], 1) == [[0, 2], [1]]  # 10 padded; with 900: 610
+    session = sessions("llama", "torch")
+    ids = prompts("llama")
+    together, together_logits = batched_greedy(session, ids, 3)
+    steps: list[int] = []
+    batched_step = session._batched_step
+    monkeypatch.setattr(session, "_batched_step", lambda seqs, *a: steps.append(len(seqs)) or batched_step(seqs, *a))
+    monkeypatch.setattr(session_module, "PADDING_LIMIT", 4)
+    grouped, grouped_logits = batched_greedy(session, ids, 3)
+    assert steps == [2, 1] * 3  # [8, 5] pads 3 positions; adding the 3-token one would pad 8
+    assert grouped == together
+    np.testing.assert_allclose(np.stack(grouped_logits), np.stack(together_logits), atol=ATOL, rtol=0)

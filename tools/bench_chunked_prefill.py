@@ -1,0 +1,140 @@
+"""Chunked prefill: the time between tokens of running streams while long prompts arrive.
+
+    python tools/bench_chunked_prefill.py      # about 5 minutes
+
+SmolLM2-135M-Instruct INT8 at context 2,304 (8 KV slots), served on 127.0.0.1 as users start
+it, twice: with whole-prompt prefill (the default) and with `--max-num-batched-tokens 64`
+(chunked prefill: a turn computes at most 64 tokens, one per decoding sequence and the rest
+from prompts). Each time 4 streams decode; once each has streamed a few tokens, 2 requests with
+2,048-token prompts arrive one after the other. The figures are the gaps between consecutive
+tokens of the 4 streams, as their clients receive them: P50 / P99 before the first arrival, and
+P99 from the first arrival until the last long prompt has its first token. The issue's goal:
+with chunked prefill, P99 while prompts arrive within 1.5x of P99 with none.
+
+Writes `tools/results/bench_chunked_prefill.md` and `.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_serve import PROMPTS, Server, compile_plan, gguf, percentile  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "bench_chunked_prefill.md"
+CONTEXT = 2304
+LONG = 2048  # tokens of each arriving prompt
+ARRIVALS = 2
+STREAMS = 4
+BEFORE = 12  # tokens every stream has before the first arrival
+BUDGET = 64  # --max-num-batched-tokens of the chunked run
+
+
+def run(server: Server) -> dict[str, Any]:
+    """The streams' token times, and when the long prompts were sent and got their first token."""
+    import openai
+
+    stamps: list[list[float]] = [[] for _ in range(STREAMS)]
+    done = threading.Event()
+
+    def stream(index: int) -> None:
+        api = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=900)
+        for chunk in api.completions.create(model="model", prompt=PROMPTS[index], max_tokens=CONTEXT - 64,
+                                            temperature=0, stream=True, extra_body={"ignore_eos": True,
+                                                                                     "return_token_ids": True}):
+            new = (chunk.choices[0].model_extra or {}).get("token_ids") or [] if chunk.choices else []
+            stamps[index] += [time.perf_counter()] * len(new)
+            if done.is_set():  # the arrivals are through: enough measured
+                break
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(STREAMS)]
+    for thread in threads:
+        thread.start()
+    while min(len(s) for s in stamps) < BEFORE:
+        time.sleep(0.01)
+    rng = np.random.default_rng(0)
+    api = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=900)
+    sent, first = [], []
+    for _ in range(ARRIVALS):
+        prompt = rng.integers(100, 40000, LONG).tolist()
+        sent.append(time.perf_counter())
+        got = None
+        for chunk in api.completions.create(model="model", prompt=prompt, max_tokens=2, temperature=0, stream=True):
+            if got is None and chunk.choices:
+                got = time.perf_counter()
+        first.append(got or time.perf_counter())
+    time.sleep(1.0)  # a few more tokens after the last arrival's first token
+    done.set()
+    for thread in threads:
+        thread.join()
+    return {"stamps": stamps, "sent": sent, "first": first}
+
+
+def gaps(stamps: list[list[float]], start: float, stop: float) -> list[float]:
+    """The gaps between consecutive tokens of each stream whose later token came in [start, stop)."""
+    return [b - a for s in stamps for a, b in zip(s, s[1:]) if start <= b < stop]
+
+
+def main() -> None:
+    source = gguf()
+    work = Path(tempfile.mkdtemp(prefix="bench-chunked-"))
+    plan = work / "model.avc"
+    print(f"compiling SmolLM2-135M INT8 at context {CONTEXT} (8 slots) ...", flush=True)
+    compile_plan(source, plan, "int8", 8, CONTEXT)
+    base = (str(plan), "--tokenizer", str(source), "--served-model-name", "model")
+    result: dict[str, Any] = {"context": CONTEXT, "long": LONG, "arrivals": ARRIVALS, "streams": STREAMS,
+                              "budget": BUDGET, "runs": {}}
+    for name, extra in (("whole", ()), ("chunked", ("--max-num-batched-tokens", str(BUDGET)))):
+        server = Server(*base, *extra)
+        try:
+            timed = run(server)
+        finally:
+            server.close()
+        quiet = gaps(timed["stamps"], 0.0, timed["sent"][0])
+        busy = gaps(timed["stamps"], timed["sent"][0], timed["first"][-1])
+        row: dict[str, Any] = {"quiet_p50_s": percentile(quiet, 50), "quiet_p99_s": percentile(quiet, 99),
+               "busy_p99_s": percentile(busy, 99), "busy_max_s": max(busy), "busy_gaps": len(busy),
+               "ttft_s": [f - s for s, f in zip(timed["sent"], timed["first"])]}
+        row["ratio_p99"] = row["busy_p99_s"] / row["quiet_p99_s"]
+        result["runs"][name] = row
+        print(f"  {name}: time between tokens P99 {row['quiet_p99_s'] * 1e3:.0f} ms with no arrivals, "
+              f"{row['busy_p99_s'] * 1e3:.0f} ms while {ARRIVALS} {LONG}-token prompts arrive ({row['ratio_p99']:.2f}x); "
+              f"their TTFT {', '.join(f'{t:.1f}' for t in row['ttft_s'])} s", flush=True)
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(render(result))
+    RESULTS.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {RESULTS}")
+
+
+def render(r: dict[str, Any]) -> str:
+    rows = [f"| {name} | {x['quiet_p50_s'] * 1e3:.0f} | {x['quiet_p99_s'] * 1e3:.0f} | {x['busy_p99_s'] * 1e3:.0f} | "
+            f"{x['busy_max_s'] * 1e3:.0f} | **{x['ratio_p99']:.2f}x** | {', '.join(f'{t:.1f}' for t in x['ttft_s'])} |"
+            for name, x in r["runs"].items()]
+    chunked = r["runs"]["chunked"]
+    met = "met" if chunked["ratio_p99"] <= 1.5 else "not met"
+    return "\n".join([
+        "## Chunked prefill: time between tokens while long prompts arrive (`tools/bench_chunked_prefill.py`)", "",
+        f"SmolLM2-135M-Instruct INT8 at context {r['context']}, served on 127.0.0.1 (sim backend, this 2-core "
+        f"machine): {r['streams']} streams decode; once each has {BEFORE} tokens, {r['arrivals']} requests with "
+        f"{r['long']}-token prompts arrive one after the other. Gaps between consecutive tokens of the streams as "
+        f"their clients receive them, before the first arrival (quiet) and from it until the last long prompt's "
+        f"first token (busy). `whole`: prompts prefilled whole (the default); `chunked`: "
+        f"`--max-num-batched-tokens {r['budget']}`.", "",
+        "| prefill | quiet P50 ms | quiet P99 ms | busy P99 ms | busy max ms | busy / quiet P99 | long prompts' TTFT s |",
+        "|---|---|---|---|---|---|---|", *rows, "",
+        f"Goal (issue: KV memory): with chunked prefill, busy P99 within 1.5x of quiet P99: **{met}** "
+        f"({chunked['ratio_p99']:.2f}x). A chunk runs as its own step beside the decode step (`Session.extend`), so "
+        f"each turn pays both steps' fixed costs; a mixed step program (decodes and a chunk in one step) is what the "
+        f"issue asks for next.", ""])
+
+
+if __name__ == "__main__":
+    main()
