@@ -232,17 +232,22 @@ class Speculator:
         self.breakeven_at: dict[int, float] = {}
         self.verify_at: dict[tuple[int, int], float] = {}  # (n, positions each) -> a verify step over a plain one
         self._batch = 0  # the sequences of the last turn that speculated
+        self.held: set[int] = set()  # the slots the drafter was given (a draft model holds their caches)
 
     @property
     def sessions(self) -> list[Session]:
         return self.drafter.sessions
 
     def prefill(self, slot: int, ids: np.ndarray) -> None:
-        if not self.losing():  # a sequence that will not speculate needs no draft cache
+        """A new sequence, given to the drafter unless drafts lose time now (`losing`): one that is not
+        never speculates, even once they would pay (a draft model holds no cache for it)."""
+        if not self.losing():
             self.drafter.prefill(slot, ids)
+            self.held.add(slot)
 
     def free(self, slot: int) -> None:
         self.drafter.free(slot)
+        self.held.discard(slot)
 
     def losing(self, n: int | None = None) -> bool:
         """The verifications so far have accepted fewer drafts each (k, the most they can, before
@@ -313,10 +318,10 @@ class Speculator:
         for slot in batch:
             request = engine.running[slot]
             length = len(request.prompt) + len(request.generated)  # the last token is not in the cache yet
-            wanted = self.draft_length(request, len(batch))
+            wanted = self.draft_length(request, len(batch)) if slot in self.held else 0
             if wanted == 0 and request.speculating:  # switched off for good: the draft model stops following it too
                 request.speculating = False
-                self.drafter.free(slot)
+                self.free(slot)
             elif probe:
                 wanted = 0
             k = min(wanted, request.max_tokens - len(request.generated) - 1, self.target.context - length - 1)

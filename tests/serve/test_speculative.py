@@ -212,6 +212,21 @@ def test_a_turn_verifies_only_where_it_is_expected_to_pay(artifacts, monkeypatch
     assert verifications == [] and speculator.proposed == 0
 
 
+def test_a_request_admitted_while_drafts_lose_never_drafts_even_once_they_would_pay(artifacts, monkeypatch):
+    """The verdict can change with the batch (the break-even is kept per batch size): a request
+    admitted while drafts lose time was never given to the draft model, so it decodes plainly to
+    the end instead of drafting from a cache the draft does not hold."""
+    target, draft = Session(artifacts["llama"]), Session(artifacts["llama"])
+    speculator = Speculator(target, DraftModel(draft, target), 4)
+    verdicts = iter([True])  # losing when it is admitted, never after
+    monkeypatch.setattr(speculator, "losing", lambda n=None: next(verdicts, False))
+    request = GenerationRequest(prompt=[9, 10, 11], max_tokens=8)
+    asyncio.run(serve(Engine(target, speculator=speculator), [request]))
+    assert request.finished is not None and request.finished.reason == "length"
+    assert request.generated == alone(target, [9, 10, 11], 8)
+    assert request.drafted == 0 and draft.slot_length(0) == 0 and not speculator.held
+
+
 # -- n-gram drafts (prompt lookup) -----------------------------------------------------------------
 
 
