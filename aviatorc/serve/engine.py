@@ -392,8 +392,8 @@ class Engine:
             if stop == len(ids):
                 if cache is not None:
                     cache.insert(slot, ids.tolist())
-                if self.speculator is not None and request.temperature == 0:  # one that samples never drafts
-                    self.speculator.prefill(slot, ids)
+                if self.speculator is not None and request.temperature == 0 and request.speculating:
+                    self.speculator.prefill(slot, ids)  # only a request that may still draft (greedy, not off)
         return stop, stop - start, logits
 
     def _take(self, request: GenerationRequest, logits: np.ndarray) -> None:
