@@ -64,6 +64,7 @@ from aviatorc.runtime.sampling import check_sampling, sample
 from aviatorc.target import Target
 
 RUN_PHASE = "prefill"  # a run processes the graph's whole prompt: the prefill program
+PIECE_TOKENS = 256  # a long prompt runs through the graph this many tokens a step (`_pieces`)
 PADDING_LIMIT = 512  # cache positions a batched step pads its shorter sequences with, at most (`_length_groups`)
 
 
@@ -527,14 +528,17 @@ class Session:
     def _pieces(self, sequence: _Sequence, new: int) -> list[tuple[int, int]]:
         """The steps `new` tokens run in: one each for a decoder-with-past export; under a bounded
         cache, cut where a position is a multiple of its window (where eviction happens), so that
-        what a token attends to does not depend on how its prompt was split into steps."""
+        what a token attends to does not depend on how its prompt was split into steps; otherwise
+        PIECE_TOKENS at a time (the graph's attention holds the scores of every new position
+        against every earlier one: 2,048 tokens of SmolLM2 took 40 s in one step here, 11.8 s in
+        pieces of 256, the logits within 4e-5)."""
         if self._require_cache().per_token:
             cuts = list(range(1, new))
         elif self.kv_window:
             recent = self.kv_window.recent
             cuts = list(range(recent - sequence.seen % recent, new, recent))
         else:
-            cuts = []
+            cuts = list(range(PIECE_TOKENS, new, PIECE_TOKENS))
         bounds = [0, *cuts, new]
         return list(zip(bounds, bounds[1:]))
 

@@ -208,3 +208,24 @@ def test_sequences_of_very_different_lengths_step_in_groups_with_the_same_result
     assert steps == [2, 1] * 3  # [8, 5] pads 3 positions; adding the 3-token one would pad 8
     assert grouped == together
     np.testing.assert_allclose(np.stack(grouped_logits), np.stack(together_logits), atol=ATOL, rtol=0)
+
+
+def test_a_long_prompt_runs_in_pieces_with_the_same_logits(monkeypatch, sessions):
+    """A prompt longer than PIECE_TOKENS runs through the graph that many tokens a step (each
+    step's attention then holds a piece's scores, not the whole prompt's); the logits are the
+    one-step ones within the tolerance above. Here PIECE_TOKENS is 5 and the prompt 16 tokens."""
+    from aviatorc.runtime import session as session_module
+
+    session = sessions("llama", "torch")
+    ids = np.concatenate(prompts("llama"))
+    whole = session.prefill(0, ids)  # 16 tokens <= 256: one step
+    session.free(0)
+    steps: list[int] = []
+    execute = session._execute
+    monkeypatch.setattr(session, "_execute", lambda feeds, *a: steps.append(feeds["input_ids"].shape[1]) or
+                        execute(feeds, *a))
+    monkeypatch.setattr(session_module, "PIECE_TOKENS", 5)
+    pieces = session.prefill(0, ids)
+    session.free(0)
+    assert steps == [5, 5, 5, 1]
+    np.testing.assert_allclose(pieces, whole, atol=ATOL, rtol=0)
