@@ -61,6 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 READY = "aviatorc serve: listening on"
 DRAFT_LAYERS = 20
 K = 4  # drafts a verification proposes at most (--num-speculative-tokens)
+ROUNDS = 3  # plain and time-rule servers measured alternately (`against_plain`)
 WARM_TOKENS = 8  # a warm-up long enough to speculate: the server times its steps and judges the drafts
 PROMPTS = [
     "The capital of France is", "Water boils at a temperature of", "The largest planet in the solar system is",
@@ -202,7 +203,9 @@ def speculate(target: Path, draft: Path, source: Path, prompts: list[str], new_t
     args = (str(target), "--tokenizer", str(source), "--served-model-name", "model", "--draft", str(draft),
             "--num-speculative-tokens", str(K), *extra)
     rows, wall_s, counts = speculating_run(Server(*args, "--keep-speculating"), prompts, new_tokens, 2)
-    timed_rows, timed_s, _ = speculating_run(Server(*args), prompts, new_tokens, WARM_TOKENS)
+    timed = against_plain((str(target), "--tokenizer", str(source), "--served-model-name", "model"), args, prompts,
+                          new_tokens)
+    timed_rows = timed["timed_rows"]
     plans = [load_artifact(p).plan for p in (target, draft)]
     acceptance = counts["accepted"] / max(1.0, counts["drafted"])
     return summarize(rows, wall_s, new_tokens) | counts | per_verification(counts, *plans) | {
@@ -212,10 +215,10 @@ def speculate(target: Path, draft: Path, source: Path, prompts: list[str], new_t
         "same_tokens_as_generate": sum(r.get("ids") == s for r, s in zip(rows, sequential)),
         "same_tokens_as_served": sum(r.get("ids") == s for r, s in zip(rows, served["ids"])),
         "timed_same_tokens_as_served": sum(r.get("ids") == s for r, s in zip(timed_rows, served["ids"])),
-        "timed_tokens_per_s": summarize(timed_rows, timed_s, new_tokens)["tokens_per_s"],
+        "timed_tokens_per_s": timed["timed_tokens_per_s"], "timed_ratios": timed["timed_ratios"],
         "timed_same_tokens_as_generate": sum(r.get("ids") == s for r, s in zip(timed_rows, sequential)),
-        "speedup_vs_served": len([r for r in rows if r.get("ok")]) * new_tokens / wall_s / served["tokens_per_s"]} | {
-        "timed_speedup_vs_served": summarize(timed_rows, timed_s, new_tokens)["tokens_per_s"] / served["tokens_per_s"]}
+        "speedup_vs_served": len([r for r in rows if r.get("ok")]) * new_tokens / wall_s / served["tokens_per_s"],
+        "timed_speedup_vs_served": timed["timed_speedup"]}
 
 
 def speculating_run(server: Server, prompts: list[str], new_tokens: int, warm_tokens: int
@@ -229,6 +232,21 @@ def speculating_run(server: Server, prompts: list[str], new_tokens: int, warm_to
         return rows, wall_s, {name: value - before[name] for name, value in verification_counts(server).items()}
     finally:
         server.close()
+
+
+def against_plain(plain_args: tuple[str, ...], timed_args: tuple[str, ...], prompts: list[str], new_tokens: int
+                  ) -> dict[str, Any]:
+    """Served tokens/s of the time rule's server over plain serving's, the two run alternately
+    ROUNDS times, each after the same warm-up (this machine's run-to-run noise is about 10%): the
+    median ratio, each round's, and the last round's rows of both."""
+    ratios, timed_tps = [], []
+    for _ in range(ROUNDS):
+        plain_rows, plain_s, _ = speculating_run(Server(*plain_args), prompts, new_tokens, WARM_TOKENS)
+        timed_rows, timed_s, _ = speculating_run(Server(*timed_args), prompts, new_tokens, WARM_TOKENS)
+        timed_tps.append(summarize(timed_rows, timed_s, new_tokens)["tokens_per_s"])
+        ratios.append(timed_tps[-1] / summarize(plain_rows, plain_s, new_tokens)["tokens_per_s"])
+    return {"timed_ratios": ratios, "timed_speedup": float(np.median(ratios)),
+            "timed_tokens_per_s": float(np.median(timed_tps)), "plain_rows": plain_rows, "timed_rows": timed_rows}
 
 
 def verification_counts(server: Server) -> dict[str, float]:
@@ -289,21 +307,22 @@ def ngram_and_prefix(source: Path, work: Path, new_tokens: int) -> dict[str, Any
     base = (str(plan_path), "--tokenizer", str(source), "--served-model-name", "model")
     runs: dict[str, Any] = {}
     ngram_args = ("--speculative-method", "ngram", "--num-speculative-tokens", str(K))
-    for name, extra, warm in (("plain", (), WARM_TOKENS), ("ngram", (*ngram_args, "--keep-speculating"), 2),
-                              ("timed", ngram_args, WARM_TOKENS)):
+    for name, extra, warm in (("plain", (), WARM_TOKENS), ("ngram", (*ngram_args, "--keep-speculating"), 2)):
         rows, wall_s, counts = speculating_run(Server(*base, *extra), REPEATING, new_tokens, warm)
         runs[name] = summarize(rows, wall_s, new_tokens) | counts | {
             "ids": [r.get("ids") for r in rows], "acceptance": counts["accepted"] / max(1.0, counts["drafted"])}
-    plain, ngram, timed = runs["plain"], runs["ngram"], runs["timed"]
+    plain, ngram = runs["plain"], runs["ngram"]
     plain_ids = plain.pop("ids")
+    timed = against_plain(base, (*base, *ngram_args), REPEATING, new_tokens)
     plan = load_artifact(plan_path).plan
     speculation = per_verification(ngram, plan) | {"acceptance": ngram["acceptance"], "drafted": ngram["drafted"],
                                                     "verifications": ngram["verifications"],
                    "same_tokens_as_plain": sum(a == b for a, b in zip(plain_ids, ngram.pop("ids"))),
                    "requests": len(REPEATING), "plain_tokens_per_s": plain["tokens_per_s"],
                    "ngram_tokens_per_s": ngram["tokens_per_s"], "measured_speedup": ngram["tokens_per_s"] / plain["tokens_per_s"],
-                   "timed_tokens_per_s": timed["tokens_per_s"], "timed_speedup": timed["tokens_per_s"] / plain["tokens_per_s"],
-                   "timed_same_tokens_as_plain": sum(a == b for a, b in zip(plain_ids, timed.pop("ids"))),
+                   "timed_tokens_per_s": timed["timed_tokens_per_s"], "timed_speedup": timed["timed_speedup"],
+                   "timed_ratios": timed["timed_ratios"],
+                   "timed_same_tokens_as_plain": sum(a == r.get("ids") for a, r in zip(plain_ids, timed["timed_rows"])),
                    "predicted_speedup": predicted_speedup(ngram["acceptance"], K, plan),
                    "target_step_s": plan.prediction.time_per_token_s, "verify_step_s": verify_step_s(plan, K)}
     print(f"  n-gram speculation: acceptance {speculation['acceptance']:.3f}, {speculation['timed_speedup']:.2f}x plain "
@@ -461,9 +480,15 @@ def timed(x: dict[str, Any]) -> str:
     return (f"served here with drafts kept (`--keep-speculating`, the run that counts the drafts, where a "
             f"verification computes every position) {x['tokens_per_s']:.1f} tokens/s ({x['speedup_vs_served']:.2f}x "
             f"plain serving), and with the time rule (drafts stop where they cost time here), after a warm-up of the "
-            f"same load at {WARM_TOKENS} tokens a request, {x['timed_tokens_per_s']:.1f} (**{x['timed_speedup_vs_served']:.2f}x**; "
+            f"same load at {WARM_TOKENS} tokens a request, {x['timed_tokens_per_s']:.1f} (**{x['timed_speedup_vs_served']:.2f}x**, "
+            f"{rounds(x['timed_ratios'])}; "
             f"greedy tokens equal to plain serving: {x['timed_same_tokens_as_served']} / {x['requests']}, to `generate`: "
             f"{x['timed_same_tokens_as_generate']} / {x['requests']})")
+
+
+def rounds(ratios: list[float]) -> str:
+    return (f"the median of {len(ratios)} rounds against a plain server run alternately with it: "
+            f"{', '.join(f'{r:.2f}x' for r in ratios)}")
 
 
 def steps(x: dict[str, Any], draft: str = "") -> str:
@@ -540,7 +565,7 @@ def render(r: dict[str, Any], command: str) -> str:
                       f"(`--keep-speculating`, the run that counts the drafts) {g['ngram_tokens_per_s']:.1f} against "
                       f"{g['plain_tokens_per_s']:.1f} tokens/s plain ({g['measured_speedup']:.2f}x), and with the "
                       f"time rule, after a warm-up of the same load at {WARM_TOKENS} tokens a request, {g['timed_tokens_per_s']:.1f} "
-                      f"(**{g['timed_speedup']:.2f}x**; greedy tokens equal to plain: "
+                      f"(**{g['timed_speedup']:.2f}x**, {rounds(g['timed_ratios'])}; greedy tokens equal to plain: "
                       f"{g['timed_same_tokens_as_plain']} / {g['requests']}); {steps(g)}.",
                   "", f"Prefix caching (`--enable-prefix-caching`): {f['requests']} prompts sharing a "
                       f"{f['system_tokens']}-token system prompt, sent one at a time; mean time to first token of all but the first (which fills the "
