@@ -286,13 +286,7 @@ class Speculator:
         turn that speculated was timed."""
         if not self.by_time or not self.breakeven_at:
             return None
-        sizes = sorted(self.breakeven_at)
-        return float(np.interp(n or self._batch, sizes, [self.breakeven_at[m] for m in sizes]))
-
-    def _plain_s(self, n: int) -> float:
-        """A plain step of n, from the sizes timed (linear between them, past them: the nearest)."""
-        sizes = sorted(self.plain_at)
-        return float(np.interp(n, sizes, [self.plain_at[m] for m in sizes]))
+        return _between(self.breakeven_at, n or self._batch)
 
     def _verify_pays(self, n: int, lengths: dict[int, int], rates: dict[int, float]) -> bool:
         """Whether a verify step of n sequences, `lengths` drafts each for the slots drafting, is
@@ -401,7 +395,8 @@ class Speculator:
         rows_of = dict(zip(order, self.target.extend_many(order, [ids + ids[-1:] * (width - len(ids))
                                                                   for ids in (fed[slot] for slot in order)])))
         if self.plain_at:
-            self.verify_at[n, width] = _average(self.verify_at.get((n, width)), (self.clock() - begun) / self._plain_s(n))
+            ratio = (self.clock() - begun) / _between(self.plain_at, n)
+            self.verify_at[n, width] = _average(self.verify_at.get((n, width)), ratio)
         kept: dict[int, int] = {}
         for slot in slots:
             out[slot] = ([], rows_of[slot][:1], 0, 0)
@@ -421,9 +416,15 @@ class Speculator:
         self.drafter.settle(kept)
         self._batch = n
         if self.plain_at:  # the turn's time over a plain step of as many, shared by those that speculated
-            extra = (self.clock() - started) / self._plain_s(n) - 1
+            extra = (self.clock() - started) / _between(self.plain_at, n) - 1
             self.breakeven_at[n] = _average(self.breakeven_at.get(n), extra * n / len(verifying))
         return out
+
+
+def _between(timed: dict[int, float], n: int) -> float:
+    """The value at batch size n from the sizes timed: linear between them, past them the nearest."""
+    sizes = sorted(timed)
+    return float(np.interp(n, sizes, [timed[m] for m in sizes]))
 
 
 def _average(mean: float | None, sample: float, weight: float = 0.2) -> float:
