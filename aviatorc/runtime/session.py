@@ -17,12 +17,16 @@ Decoder graphs that carry their KV cache (`aviatorc.runtime.cache`) also generat
 
 `generate` runs the prompt through the `prefill` program (an empty past) and each new token
 through the `decode` program, feeding the cache each step returns to the next. The step API
-keeps one cache per slot, `num_slots` of them (the batch the plan was compiled for), each at
-most the plan's context long; the serving stack drives it. `decode` runs all the slots it is
-given as one batched step when the graph's batch is symbolic (the compiler's own step graphs,
-`aviatorc.zoo.export_decode_onnx`): the shorter caches are padded to the longest, masked out by
-attention_mask, and each slot gets its own position ids. A batch-1 graph steps slot by slot.
-`prefill` runs one slot at a time.
+holds up to `num_slots` sequences (`max_seqs`, by default the batch the plan was compiled for),
+each at most the plan's context long; the serving stack drives it. Their caches live in one
+pool of KV blocks (`aviatorc.runtime.paged`: `kv_blocks` blocks of `block_size` tokens, by
+default the plan's KV memory), each sequence holding a table of the blocks it fills, so how many
+sequences fit depends on their lengths, not on the context (`OutOfBlocks` when the pool is
+spent; `blocks_needed` says what a step will take). `decode` runs the slots it is given as one
+batched step when the graph's batch is symbolic (the compiler's own step graphs,
+`aviatorc.zoo.export_decode_onnx`), at most the plan's batch at a time (`step_batch`): the
+shorter caches are padded to the longest, masked out by attention_mask, and each slot gets its
+own position ids. A batch-1 graph steps slot by slot. `prefill` runs one slot at a time.
 
 Devices: `sim` (`aviatorc.backends.sim`, the instruction streams on the CPU, checking every
 rule of the plan on each program's first run, replaying its computations after; `replay=False`
@@ -33,6 +37,7 @@ reads on a GPU, loads on a copy stream; its copy, compute and overlap figures in
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import tempfile
 import time
@@ -58,23 +63,24 @@ from aviatorc.ir.types import format_shape, numpy_dtype
 from aviatorc.plan.artifact import Artifact, load
 from aviatorc.runtime.cache import CacheLayout, find_cache, static_reason
 from aviatorc.runtime.errors import NotRunnableError, RuntimeInputError
-from aviatorc.runtime.kvstore import DenseKV, Int8KV, KVEntry
 from aviatorc.runtime.lora import Adapters
+from aviatorc.runtime.paged import CacheSpec, KVPool
 from aviatorc.runtime.sampling import check_sampling, sample
 from aviatorc.target import Target
 
 RUN_PHASE = "prefill"  # a run processes the graph's whole prompt: the prefill program
 PIECE_TOKENS = 256  # a long prompt runs through the graph this many tokens a step (`_pieces`)
 PADDING_LIMIT = 512  # cache positions a batched step pads its shorter sequences with, at most (`_length_groups`)
+BLOCK_SIZE = 16  # tokens per KV block, as vLLM's default
 
 
 @dataclass
 class _Sequence:
-    """One sequence being generated: its KV cache (graph input name -> array, or int8 codes and
-    scales under `--kv-dtype int8`), the positions it holds, and the tokens it has seen (more than
-    it holds once a bounded cache has evicted some: its next position id)."""
+    """One sequence being generated: the table of its KV blocks in the session's pool, the
+    positions it holds, and the tokens it has seen (more than it holds once a bounded cache has
+    evicted some: its next position id)."""
 
-    cache: dict[str, KVEntry]
+    table: list[int]
     length: int
     seen: int
     adapter: str | None = None  # the LoRA adapter it runs with (None: the base alone)
@@ -143,7 +149,8 @@ class Session:
     `CompileResult` (saved to a temporary artifact first: one loading path for all three)."""
 
     def __init__(self, source: str | os.PathLike[str] | Artifact | SavesArtifact, device: str = "sim", *,
-                 world: int = 1, timeout_s: float = 60.0, replay: bool = True, lora: bool = False) -> None:
+                 world: int = 1, timeout_s: float = 60.0, replay: bool = True, lora: bool = False,
+                 kv_blocks: int | None = None, block_size: int = BLOCK_SIZE, max_seqs: int | None = None) -> None:
         if device not in DEVICES:
             raise OptionError(f"unknown device '{device}'", hint=f"choose one of {', '.join(DEVICES)}")
         if world < 1:
@@ -203,9 +210,13 @@ class Session:
         self._predicted: dict[str, float] | None = None
         self.stats: RunStats | None = None
         self.experts: dict[str, ExpertTally] = {}  # by phase, since the session started
-        # "int8": each sequence's cache is kept as int8 codes and fp16 scales per head and token, as
-        # the plan's prediction counts it (`aviatorc.runtime.kvstore`); else the graph's own arrays.
+        # "int8": the cache is kept as int8 codes and fp16 scales per head and token, as the plan's
+        # prediction counts it; else in the graph's own dtype. Either way in blocks (`KVPool`).
         self.kv_dtype = self.artifact.plan.memory.kv_dtype
+        if max_seqs is not None and max_seqs < 1:
+            raise OptionError(f"max_seqs must be >= 1, not {max_seqs}")
+        self.max_seqs = max_seqs or self.program.workload.batch
+        self.kv: KVPool | None = self._pool(kv_blocks, block_size) if self.cache is not None else None
         self._slots: dict[int, _Sequence] = {}
 
     def close(self) -> None:
@@ -278,8 +289,14 @@ class Session:
 
     @property
     def num_slots(self) -> int:
-        """KV slots of the step API: the batch the plan was compiled for."""
-        return self.artifact.programs[RUN_PHASE].workload.batch
+        """Sequences the step API holds at once (`max_seqs`; by default the plan's batch). Their
+        caches share the pool of KV blocks, so how many fit depends on their lengths."""
+        return self.max_seqs
+
+    @property
+    def step_batch(self) -> int:
+        """The most sequences one step runs: the batch the plan was compiled for."""
+        return self.program.workload.batch
 
     @property
     def context(self) -> int:
@@ -290,12 +307,20 @@ class Session:
         """Start sequence `slot` with prompt `ids` (1-D token ids); the logits after its last token.
         `adapter`: a loaded LoRA adapter the sequence runs with from then on (`load_adapter`)."""
         if not 0 <= slot < self.num_slots:
-            raise OptionError(f"slot {slot} is out of range: the plan has {self.num_slots} KV slots (0..{self.num_slots - 1})",
-                              hint="compile with a larger --batch for more slots")
+            raise OptionError(f"slot {slot} is out of range: the session holds {self.num_slots} sequences "
+                              f"(0..{self.num_slots - 1})", hint="compile with a larger --batch, or open the "
+                              "session with a larger max_seqs (aviatorc serve --max-num-seqs)")
         if slot in self._slots:
             raise OptionError(f"slot {slot} is in use", hint="free it first")
-        sequence = _Sequence(self._empty_cache(), length=0, seen=0, adapter=self._adapter(adapter))
-        logits = self._step(sequence, self._prompt(ids), "prefill")
+        return self._start(slot, _Sequence([], length=0, seen=0, adapter=self._adapter(adapter)), ids)
+
+    def _start(self, slot: int, sequence: _Sequence, ids: Any) -> np.ndarray:
+        """Run a new sequence's prompt; it takes `slot` if that succeeds, else its blocks go back."""
+        try:
+            logits = self._step(sequence, self._prompt(ids), "prefill")
+        except BaseException:
+            self._kv().release(sequence.table)
+            raise
         self._slots[slot] = sequence
         return logits
 
@@ -319,8 +344,10 @@ class Session:
         return np.stack([self._step(sequence, row[None, :], "decode") for sequence, row in zip(sequences, ids)])
 
     def free(self, slot: int) -> None:
-        """Release slot `slot` and its cache (a no-op for a free slot)."""
-        self._slots.pop(slot, None)
+        """Release slot `slot` and its cache's blocks (a no-op for a free slot)."""
+        sequence = self._slots.pop(slot, None)
+        if sequence is not None:
+            self._kv().release(sequence.table)
 
     def prefix(self, slot: int, start: int, stop: int) -> dict[str, np.ndarray]:
         """Copies of positions [start, stop) of sequence `slot`'s cache, by cache input (prefix
@@ -331,7 +358,8 @@ class Session:
         if not 0 <= start < stop <= sequence.length:
             raise OptionError(f"positions {start}..{stop} are outside slot {slot}'s {sequence.length} tokens")
         self._not_evicted(slot, sequence, "its cache positions are no longer its tokens' to share")
-        return {pair.past: np.array(sequence.cache[pair.past].window(start, stop).dense())
+        kv = self._kv()
+        return {pair.past: np.array(np.take(kv.read(sequence.table, pair.past, stop), range(start, stop), axis=pair.axis))
                 for pair in self._require_cache().pairs}
 
     def resume(self, slot: int, cache: Mapping[str, np.ndarray], length: int, ids: Any, *,
@@ -345,11 +373,12 @@ class Session:
         if {p.past for p in layout.pairs} != set(cache) or any(
                 cache[p.past].shape[p.axis] != length for p in layout.pairs):
             raise OptionError(f"a cached prefix must hold {length} positions of every cache input")
-        sequence = _Sequence({p.past: self._stored(np.array(cache[p.past]), p.axis) for p in layout.pairs},
-                             length=length, seen=length, adapter=self._adapter(adapter))
-        logits = self._step(sequence, self._prompt(ids), "prefill")
-        self._slots[slot] = sequence
-        return logits
+        kv = self._kv()
+        sequence = _Sequence([], length=length, seen=length, adapter=self._adapter(adapter))
+        kv.reserve(sequence.table, 0, length)
+        for pair in layout.pairs:
+            kv.write(sequence.table, pair.past, 0, np.asarray(cache[pair.past]))
+        return self._start(slot, sequence, ids)
 
     def load_adapter(self, name: str, path: str | os.PathLike[str]) -> None:
         """Load the PEFT LoRA adapter in folder `path` under `name`; the base is not touched."""
@@ -374,9 +403,19 @@ class Session:
         return name
 
     def cache_bytes(self, slot: int) -> int:
-        """Bytes `slot`'s KV cache holds in this process (int8 codes and scales under `--kv-dtype int8`)."""
+        """Bytes of the KV blocks `slot` holds in this process (int8 codes and scales under
+        `--kv-dtype int8`); a block shared with another holder counts in full for each."""
         sequence = self._slots.get(slot)
-        return sum(entry.nbytes for entry in sequence.cache.values()) if sequence else 0
+        return len(sequence.table) * self._kv().block_bytes if sequence else 0
+
+    def blocks_needed(self, slot: int, new: int) -> int:
+        """Free blocks `slot` needs to take `new` more tokens: its new blocks, and a copy of a shared
+        last block it would write into."""
+        kv, sequence = self._kv(), self._slots[slot]
+        more = max(0, kv.blocks_for(sequence.length + new) - len(sequence.table))
+        last = sequence.length // kv.block_size
+        shared = last < len(sequence.table) and kv.refs[sequence.table[last]] > 1
+        return more + int(shared)
 
     def slot_length(self, slot: int) -> int:
         """Tokens held in `slot`'s cache (0 when free)."""
@@ -413,8 +452,7 @@ class Session:
         if not 0 < length <= sequence.length:
             raise OptionError(f"cannot truncate slot {slot} to {length} tokens: it holds {sequence.length}")
         self._not_evicted(slot, sequence, "the positions to keep may be gone")
-        for pair in self._require_cache().pairs:
-            sequence.cache[pair.past] = sequence.cache[pair.past].window(0, length)
+        self._kv().release(sequence.table, keep=length)
         sequence.length = sequence.seen = length
 
     def _not_evicted(self, slot: int, sequence: _Sequence, why: str) -> None:
@@ -445,20 +483,23 @@ class Session:
             eos_token_id = self.eos_token_ids
         stops = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
         rng = np.random.default_rng(seed)
-        sequence = _Sequence(self._empty_cache(), length=0, seen=0, adapter=self._adapter(adapter))
+        sequence = _Sequence([], length=0, seen=0, adapter=self._adapter(adapter))
         generated: list[int] = []
         started = time.perf_counter()
         first = started
-        if max_new_tokens:
-            logits = self._step(sequence, prompt, "prefill")
-            while True:
-                token = sample(logits, temperature=temperature, top_p=top_p, rng=rng)
-                generated.append(token)
-                if len(generated) == 1:
-                    first = time.perf_counter()
-                if token in stops or len(generated) == max_new_tokens:
-                    break
-                logits = self._step(sequence, np.array([[token]], dtype=np.int64), "decode")
+        try:
+            if max_new_tokens:
+                logits = self._step(sequence, prompt, "prefill")
+                while True:
+                    token = sample(logits, temperature=temperature, top_p=top_p, rng=rng)
+                    generated.append(token)
+                    if len(generated) == 1:
+                        first = time.perf_counter()
+                    if token in stops or len(generated) == max_new_tokens:
+                        break
+                    logits = self._step(sequence, np.array([[token]], dtype=np.int64), "decode")
+        finally:
+            self._kv().release(sequence.table)
         if self.stats is not None:
             ended = time.perf_counter()
             self.stats.extra.update(generated_tokens=len(generated), generate_wall_s=ended - started,
@@ -482,25 +523,33 @@ class Session:
                                     input="input_ids")
         return array.astype(np.int64)[None, :]
 
-    def _empty_cache(self) -> dict[str, KVEntry]:
+    def _pool(self, kv_blocks: int | None, block_size: int) -> KVPool:
+        """The pool every sequence's cache lives in: `kv_blocks` blocks of `block_size` tokens, by
+        default the plan's KV memory (its batch x the positions a sequence holds, plus a block each
+        for a bounded cache's window to step past before it evicts)."""
         layout = self._require_cache()
         types = {v.name: v.type for v in self.graph.inputs}
-        cache: dict[str, KVEntry] = {}
+        specs: dict[str, CacheSpec] = {}
         for pair in layout.pairs:
-            shape = [0 if i == pair.axis else (d if isinstance(d, int) else 1)
-                     for i, d in enumerate(types[pair.past].shape)]
-            cache[pair.past] = self._stored(np.zeros(shape, dtype=numpy_dtype(types[pair.past].dtype)), pair.axis)
-        return cache
+            shape = tuple(d if isinstance(d, int) else 1 for d in types[pair.past].shape)
+            if self.kv_dtype == "int8" and pair.axis == len(shape) - 1:
+                raise NotRunnableError("an int8 KV cache keeps one scale per head and token, but this graph's cache "
+                                       f"has its sequence axis last ({pair.axis})", file=str(self.artifact.path),
+                                       hint="compile with --kv-dtype fp16")
+            specs[pair.past] = CacheSpec(shape, pair.axis, numpy_dtype(types[pair.past].dtype))
+        if block_size < 1:
+            raise OptionError(f"--block-size must be >= 1, not {block_size}")
+        if kv_blocks is None:
+            held = self.kv_window.held(self.context) + block_size if self.kv_window else self.context
+            kv_blocks = self.program.workload.batch * math.ceil(held / block_size)
+        if kv_blocks < 1:
+            raise OptionError(f"--kv-blocks must be >= 1, not {kv_blocks}")
+        return KVPool(specs, num_blocks=kv_blocks, block_size=block_size, int8=self.kv_dtype == "int8")
 
-    def _stored(self, array: np.ndarray, axis: int) -> KVEntry:
-        """A cache input as this session keeps it (see `kv_dtype`)."""
-        if self.kv_dtype != "int8":
-            return DenseKV(array, axis)
-        if axis == array.ndim - 1:
-            raise NotRunnableError("an int8 KV cache keeps one scale per head and token, but this graph's cache "
-                                   f"has its sequence axis last ({array.ndim - 1})", file=str(self.artifact.path),
-                                   hint="compile with --kv-dtype fp16")
-        return Int8KV.of(array, axis)
+    def _kv(self) -> KVPool:
+        self._require_cache()
+        assert self.kv is not None
+        return self.kv
 
     def _step(self, sequence: _Sequence, ids: np.ndarray, phase: str, *, every_position: bool = False) -> np.ndarray:
         """Run `ids` [1, n] after `sequence`'s cache; grow the cache; the last position's logits."""
@@ -513,14 +562,19 @@ class Session:
             return np.concatenate(rows) if every_position else rows[-1][-1]
         self._room(sequence, ids.shape[1])
         total = sequence.length + ids.shape[1]
-        feeds: dict[str, np.ndarray] = {layout.ids: ids, **{name: e.dense() for name, e in sequence.cache.items()}}
+        kv = self._kv()
+        kv.reserve(sequence.table, sequence.length, total)
+        feeds: dict[str, np.ndarray] = {layout.ids: ids}
+        for pair in layout.pairs:
+            feeds[pair.past] = kv.read(sequence.table, pair.past, sequence.length)
         if layout.attention_mask:
             feeds[layout.attention_mask] = np.ones((1, total), dtype=np.int64)
         if layout.position_ids:
             feeds[layout.position_ids] = np.arange(sequence.seen, sequence.seen + ids.shape[1], dtype=np.int64)[None, :]
         outputs = self._execute(self._check_feeds(feeds), phase, [sequence.adapter])
         for pair in layout.pairs:
-            sequence.cache[pair.past] = sequence.cache[pair.past].grown(outputs[pair.present], sequence.length)
+            new = np.take(outputs[pair.present], range(sequence.length, total), axis=pair.axis)
+            kv.write(sequence.table, pair.past, sequence.length, new)
         sequence.length, sequence.seen = total, sequence.seen + ids.shape[1]
         self._evict(sequence)
         return outputs[layout.logits][0] if every_position else outputs[layout.logits][0, -1]
@@ -554,9 +608,16 @@ class Session:
         keep_from = (sequence.seen // window.recent - 1) * window.recent
         if keep_from <= first:
             return
+        kv, gone = self._kv(), keep_from - first
+        kept = {}
         for pair in self._require_cache().pairs:
-            sequence.cache[pair.past] = sequence.cache[pair.past].without(sinks, sinks + keep_from - first)
-        sequence.length -= keep_from - first
+            whole = kv.read(sequence.table, pair.past, sequence.length)
+            kept[pair.past] = np.delete(whole, range(sinks, sinks + gone), axis=pair.axis)
+        sequence.length -= gone
+        kv.release(sequence.table, keep=sinks)  # the sinks' blocks stay; the rest is written again
+        kv.reserve(sequence.table, sinks, sequence.length)
+        for name, array in kept.items():
+            kv.write(sequence.table, name, sinks, np.take(array, range(sinks, sequence.length), axis=kv.specs[name].axis))
 
     def _room(self, sequence: _Sequence, new: int) -> None:
         """Refuse `new` more tokens past the plan's context (the positions it was compiled for)."""
@@ -576,7 +637,7 @@ class Session:
 
     def _grouped_step(self, sequences: Sequence[_Sequence], ids: np.ndarray, phase: str) -> np.ndarray:
         """`_batched_step` of `sequences` in the groups `_length_groups` makes; the rows in their order."""
-        groups = _length_groups([s.length for s in sequences], ids.shape[1])
+        groups = _length_groups([s.length for s in sequences], ids.shape[1], self.step_batch)
         if len(groups) == 1:
             return self._batched_step(sequences, ids, phase)
         rows: list[np.ndarray] = [np.empty(0)] * len(sequences)
@@ -599,9 +660,12 @@ class Session:
             self._room(sequence, new)
         lengths = [s.length for s in sequences]
         longest = max(lengths)
+        kv = self._kv()
+        for sequence in sequences:
+            kv.reserve(sequence.table, sequence.length, sequence.length + new)
         feeds: dict[str, np.ndarray] = {layout.ids: ids}
         for pair in layout.pairs:
-            feeds[pair.past] = _pad_stack([s.cache[pair.past].dense() for s in sequences], pair.axis, longest)
+            feeds[pair.past] = _pad_stack([kv.read(s.table, pair.past, s.length) for s in sequences], pair.axis, longest)
         if layout.attention_mask:
             mask = np.zeros((len(sequences), longest + new), dtype=np.int64)
             for row, length in enumerate(lengths):
@@ -614,9 +678,8 @@ class Session:
         outputs = self._execute(self._check_feeds(feeds), phase, [s.adapter for s in sequences])
         for row, (sequence, length) in enumerate(zip(sequences, lengths)):
             for pair in layout.pairs:
-                kept = [*range(length), *range(longest, longest + new)]
-                present = np.take(outputs[pair.present][row:row + 1], kept, axis=pair.axis)
-                sequence.cache[pair.past] = sequence.cache[pair.past].grown(present, length)
+                present = np.take(outputs[pair.present][row:row + 1], range(longest, longest + new), axis=pair.axis)
+                kv.write(sequence.table, pair.past, length, present)
             sequence.length, sequence.seen = length + new, sequence.seen + new
             self._evict(sequence)
         if self.stats is not None:
@@ -676,10 +739,10 @@ class Session:
         return arrays
 
 
-def _length_groups(lengths: Sequence[int], new: int) -> list[list[int]]:
+def _length_groups(lengths: Sequence[int], new: int, most: int) -> list[list[int]]:
     """Indices of the sequences to step together, longest first: a group takes the next longest
-    while the positions its caches are padded with (each to the group's longest) stay within
-    PADDING_LIMIT. On this project's CPU a padded position costs about what a real one does
+    while it has fewer than `most` (the plan's batch) and the positions its caches are padded with
+    (each to the group's longest) stay within PADDING_LIMIT. On this project's CPU a padded position costs about what a real one does
     (the graph's attention and cache copies see no difference), and a step's fixed work about
     600 positions' worth: four 30-token sequences beside a 1,500-token one took 1.3 s a step
     together, 0.3 s in two groups."""
@@ -687,7 +750,7 @@ def _length_groups(lengths: Sequence[int], new: int) -> list[list[int]]:
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
         if groups:
             group = groups[-1]
-            if sum(lengths[group[0]] - lengths[j] for j in [*group, i]) <= PADDING_LIMIT:
+            if len(group) < most and sum(lengths[group[0]] - lengths[j] for j in [*group, i]) <= PADDING_LIMIT:
                 group.append(i)
                 continue
         groups.append([i])

@@ -194,9 +194,10 @@ def test_sequences_of_very_different_lengths_step_in_groups_with_the_same_result
     step as [8, 5] and [3]; the logits are each sequence's own either way."""
     from aviatorc.runtime import session as session_module
 
-    assert session_module._length_groups([8, 3, 5], 1) == [[0, 2, 1]]  # 5 + 3 = 8 positions padded <= 512
-    assert session_module._length_groups([30, 30, 1500, 30, 30], 1) == [[2], [0, 1, 3, 4]]
-    assert session_module._length_groups([1500, 900, 1490], 1) == [[0, 2], [1]]  # 10 padded; with 900: 610
+    assert session_module._length_groups([8, 3, 5], 1, 16) == [[0, 2, 1]]  # 5 + 3 = 8 positions padded <= 512
+    assert session_module._length_groups([30, 30, 1500, 30, 30], 1, 16) == [[2], [0, 1, 3, 4]]
+    assert session_module._length_groups([1500, 900, 1490], 1, 16) == [[0, 2], [1]]  # 10 padded; with 900: 610
+    assert session_module._length_groups([30, 30, 30, 30, 30], 1, 2) == [[0, 1], [2, 3], [4]]  # the plan's batch
     session = sessions("llama", "torch")
     ids = prompts("llama")
     together, together_logits = batched_greedy(session, ids, 3)

@@ -104,7 +104,7 @@ def test_interleaved_slots_give_what_each_sequence_gives_alone(sessions):
         session.decode([0], [1])
     with pytest.raises(OptionError, match="in use"):
         session.prefill(1, b)
-    with pytest.raises(OptionError, match="2 KV slots"):
+    with pytest.raises(OptionError, match="holds 2 sequences"):
         session.prefill(2, b)
     session.free(1)
 

@@ -7,7 +7,8 @@ per head and token (the layout the prediction counts), and the graph reads it de
 - The cost, measured here and not assumed: against the same plan compiled with an fp16 cache
   (kept in fp32 by the runtime) the logits move, by less than 2% of their range on the tiny
   Llama; and the stored bytes are 1/4 of fp32 plus 2 bytes per head and token.
-- Batched decode over slots of different lengths, truncation and prefix / resume keep the codes:
+- Batched decode over slots of different lengths, truncation and prefix / resume keep the codes
+  (the session's blocks, `aviatorc.runtime.paged`):
   equal to stepping each sequence alone within 1e-3. Not 1e-4: a padded or multi-token step's K/V
   differ from the single-token step's by fp32 reassociation (~2e-7), which is enough to move a value that sits on a
   rounding boundary to the next code, one scale step (measured 1.6e-4 on the logits).
@@ -125,29 +126,32 @@ def test_batched_decode_truncate_and_resume_keep_the_codes(sessions):
     session.free(1)
     resumed = session.resume(1, prefix, len(PROMPTS[0]), tokens[:1])
     np.testing.assert_allclose(resumed, alone[0][1], atol=BATCHED_ATOL)
-    per_position = session.cache_bytes(0) // session.slot_length(0)  # codes and scales, not the prefix's floats
-    assert session.cache_bytes(1) == per_position * session.slot_length(1) < sum(a.nbytes for a in prefix.values())
+    # Its blocks hold codes and scales, not the prefix's floats: a block's bytes against the floats'.
+    blocks = session.kv.blocks_for(session.slot_length(1))
+    assert session.cache_bytes(1) == blocks * session.kv.block_bytes
+    floats_per_position = sum(a.nbytes for a in prefix.values()) / len(PROMPTS[0])
+    assert session.kv.block_bytes < floats_per_position * session.kv.block_size / 3
     for slot in (0, 1):
         session.free(slot)
+    assert session.kv.free_blocks == session.kv.num_blocks
 
 
 @pytest.mark.parametrize("kv", ["int8", "fp16"])
-def test_truncate_rolls_back_by_length_and_copies_nothing(sessions, kv):
-    """Speculative decoding drops rejected drafts with `truncate`: the kept positions are a view of
-    the cache before (white box: the arrays share memory), and stepping on from there gives what a
-    sequence that never held the dropped tokens gives."""
-    from aviatorc.runtime.kvstore import Int8KV
-
+def test_truncate_rolls_back_by_length_and_gives_back_whole_blocks(sessions, kv):
+    """Speculative decoding drops rejected drafts with `truncate`: the blocks past the kept
+    positions go back to the pool, the kept ones stay where they were (nothing copied), and
+    stepping on from there gives what a sequence that never held the dropped tokens gives."""
     session = sessions[kv]
-    prompt = PROMPTS[0]
+    pool = session.kv
+    prompt = [*PROMPTS[0], *PROMPTS[0], *PROMPTS[1]]  # 19 positions: two blocks of 16
     session.prefill(0, prompt)
-    before = {name: (e.codes if isinstance(e, Int8KV) else e.array) for name, e in session._slots[0].cache.items()}
+    table = list(session._slots[0].table)
+    assert len(table) == 2 and pool.free_blocks == pool.num_blocks - 2
     session.truncate(0, 5)
-    for name, entry in session._slots[0].cache.items():
-        kept = entry.codes if isinstance(entry, Int8KV) else entry.array
-        assert np.shares_memory(kept, before[name]) and kept.shape != before[name].shape
+    assert session._slots[0].table == table[:1] and pool.free_blocks == pool.num_blocks - 1
     got = session.extend(0, [11, 12])
     session.free(0)
+    assert pool.free_blocks == pool.num_blocks
     session.prefill(0, prompt[:5])
     want = session.extend(0, [11, 12])
     session.free(0)
