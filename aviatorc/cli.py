@@ -301,8 +301,12 @@ def _parser() -> argparse.ArgumentParser:
                    "was compiled from, else token ids only)")
     p.add_argument("--served-model-name", action="append", metavar="NAME",
                    help="the model's name in the API, once per artifact (default: the artifact folder's name)")
-    p.add_argument("--max-num-seqs", type=int, metavar="K", help="sequences decoded together (default: the plan's KV slots, "
-                   "its compiled --batch)")
+    p.add_argument("--max-num-seqs", type=int, metavar="K", help="sequences held at once (default: the plan's compiled "
+                   "--batch); their caches share the KV blocks, so more than the batch fit when they are short, and "
+                   "each decode step runs at most the batch of them")
+    p.add_argument("--kv-blocks", type=int, metavar="N", help="blocks in the KV cache's pool (default: the plan's KV "
+                   "memory, its --batch x --context tokens)")
+    p.add_argument("--block-size", type=int, default=16, metavar="T", help="tokens per KV block (default: 16, as vLLM)")
     p.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
                    help="fcfs: arrival order; priority: lower `priority` first, may preempt")
     p.add_argument("--max-queue", type=int, default=256, metavar="N", help="requests waiting before new ones get 429")
@@ -760,7 +764,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                             prefix_cache_tokens=_prefix_cache_tokens(args),
                             max_num_batched_tokens=args.max_num_batched_tokens, loras=_loras(args.lora),
                             keep_speculating=args.keep_speculating,
-                            enable_lora=args.enable_lora, swap_bytes=_swap_bytes(args.swap_space))
+                            enable_lora=args.enable_lora, swap_bytes=_swap_bytes(args.swap_space),
+                            kv_blocks=args.kv_blocks, block_size=args.block_size)
     serve(specs, options, host=args.host, port=args.port, log_level=args.log_level, limits=limits)
     return 0
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -73,6 +74,9 @@ class KVPool:
                 self.arrays[name] = (np.zeros(shape, spec.dtype),)
         self.refs = np.zeros(num_blocks, np.int64)
         self._free = list(range(num_blocks))  # a heap: the lowest free block first (deterministic)
+        # A server prefills an urgent request while a decode step runs in another thread: both take
+        # and give back blocks (never the same ones, so the contents need no lock).
+        self._lock = threading.Lock()
 
     # -- counting --------------------------------------------------------------------------
 
@@ -97,6 +101,10 @@ class KVPool:
     def reserve(self, table: list[int], start: int, stop: int) -> None:
         """Make `table` cover positions [0, stop) with the blocks holding [start, stop) its own:
         new blocks appended, shared ones among them copied (copy-on-write). All or nothing."""
+        with self._lock:
+            self._reserve(table, start, stop)
+
+    def _reserve(self, table: list[int], start: int, stop: int) -> None:
         first, last = start // self.block_size, self.blocks_for(stop)
         shared = [j for j in range(first, min(last, len(table))) if self.refs[table[j]] > 1]
         needed = max(0, last - len(table)) + len(shared)
@@ -118,17 +126,19 @@ class KVPool:
     def release(self, table: list[int], keep: int = 0) -> None:
         """Give back the blocks of `table` past its first `keep` positions."""
         kept = self.blocks_for(keep)
-        for block in table[kept:]:
-            self.refs[block] -= 1
-            if self.refs[block] == 0:
-                heapq.heappush(self._free, block)
-        del table[kept:]
+        with self._lock:
+            for block in table[kept:]:
+                self.refs[block] -= 1
+                if self.refs[block] == 0:
+                    heapq.heappush(self._free, block)
+            del table[kept:]
 
     def share(self, blocks: Sequence[int]) -> list[int]:
         """One more holder of `blocks` (each must be held already): a copy of the list to own."""
-        for block in blocks:
-            assert self.refs[block] > 0, f"block {block} is free"
-            self.refs[block] += 1
+        with self._lock:
+            for block in blocks:
+                assert self.refs[block] > 0, f"block {block} is free"
+                self.refs[block] += 1
         return list(blocks)
 
     def _take(self) -> int:

@@ -410,8 +410,10 @@ class Session:
 
     def blocks_needed(self, slot: int, new: int) -> int:
         """Free blocks `slot` needs to take `new` more tokens: its new blocks, and a copy of a shared
-        last block it would write into."""
-        kv, sequence = self._kv(), self._slots[slot]
+        last block it would write into (a free slot: the blocks of `new` tokens)."""
+        kv, sequence = self._kv(), self._slots.get(slot)
+        if sequence is None:
+            return kv.blocks_for(new)
         more = max(0, kv.blocks_for(sequence.length + new) - len(sequence.table))
         last = sequence.length // kv.block_size
         shared = last < len(sequence.table) and kv.refs[sequence.table[last]] > 1

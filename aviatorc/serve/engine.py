@@ -45,6 +45,7 @@ import numpy as np
 
 from aviatorc.backends.contract import Precedence
 from aviatorc.errors import AviatorError, OptionError
+from aviatorc.runtime.paged import KVPool
 from aviatorc.runtime.sampling import MAX_TOP_LOGPROBS, Logprobs, check_sampling, logprobs, sample
 from aviatorc.serve.prefix import PrefixCache
 from aviatorc.serve.structured import Constraint
@@ -163,6 +164,9 @@ class StepSession(Protocol):
     def extend(self, slot: int, ids: Any) -> np.ndarray: ...
     def slot_length(self, slot: int) -> int: ...
     def prefix(self, slot: int, start: int, stop: int) -> dict[str, np.ndarray]: ...
+    @property
+    def kv(self) -> KVPool | None: ...
+    def blocks_needed(self, slot: int, new: int) -> int: ...
 
 
 class Observer(Protocol):
@@ -177,6 +181,7 @@ class Observer(Protocol):
     def prefix_cache(self, queried: int, hit: int) -> None: ...
     def preempted(self, swapped: bool) -> None: ...
     def swap_space(self, held_bytes: int) -> None: ...
+    def kv_blocks(self, used: int, total: int, swapped: int) -> None: ...
 
 
 class _NoObserver:
@@ -218,6 +223,7 @@ class Engine:
         self.swapped_bytes = 0  # what they hold now
         self.waiting: list[GenerationRequest] = []
         self.running: dict[int, GenerationRequest] = {}  # slot -> request
+        self._decoding_blocks = 0  # blocks the decode step in flight will take (`_room_to_decode`)
         self._arrivals = itertools.count()
         self._wake = asyncio.Event()
         self.steps = 0
@@ -229,6 +235,7 @@ class Engine:
         if len(request.prompt) >= self.session.context:
             raise OptionError(f"the prompt has {len(request.prompt)} tokens but the model's context is "
                               f"{self.session.context}: no room to generate", hint="shorten the prompt")
+        self._fits_the_pool(request)
         if len(self.waiting) >= self.max_queue:
             raise QueueFull(f"the queue is full ({self.max_queue} requests waiting)", hint="retry later")
         request.arrival = next(self._arrivals)
@@ -242,6 +249,19 @@ class Engine:
         self._observe()
         self._wake.set()
         return request
+
+    def _fits_the_pool(self, request: GenerationRequest) -> None:
+        """Refuse a request whose sequence could outgrow the whole pool of KV blocks: alone it would
+        still run out of room, and no preemption could give it more."""
+        kv = self.session.kv
+        if kv is None:
+            return
+        tokens = min(len(request.prompt) + request.max_tokens, self.session.context)
+        if kv.blocks_for(tokens) > kv.num_blocks:
+            raise OptionError(f"the request needs {kv.blocks_for(tokens)} KV blocks of {kv.block_size} tokens "
+                              f"(a {len(request.prompt)}-token prompt and up to {request.max_tokens} new) but the pool "
+                              f"has {kv.num_blocks}", hint="shorten the prompt or max_tokens, or serve with more "
+                              "--kv-blocks")
 
     def wake(self) -> None:
         """Call after `request.cancel()` so an idle engine notices."""
@@ -299,6 +319,7 @@ class Engine:
             self._drop_ended()
         batch = [slot for slot, request in sorted(self.running.items())
                  if id(request) not in fresh and not request._prefill_left]
+        batch = self._room_to_decode(batch)
         if batch:
             decoding = asyncio.ensure_future(self._decode(batch))
             while not decoding.done():
@@ -310,7 +331,10 @@ class Engine:
                 woken = asyncio.ensure_future(self._wake.wait())
                 await asyncio.wait({decoding, woken}, return_when=asyncio.FIRST_COMPLETED)
                 woken.cancel()
-            await decoding  # its error, if it failed
+            try:
+                await decoding  # its error, if it failed
+            finally:
+                self._decoding_blocks = 0
         self.steps += 1
         self._observe()
 
@@ -328,6 +352,42 @@ class Engine:
         self.observer.decode_step(len(batch), self.slots)
         for slot, row in zip(batch, logits):
             self._take(self.running[slot], row)
+
+    def _room_to_decode(self, batch: list[int]) -> list[int]:
+        """The sequences of `batch` still running once the pool has a block for each one's next
+        token (and its drafts: `speculator.k`): while it has not, the one that comes last in the
+        policy's order is preempted (swapped out or recomputed later, as `_preempt_for`)."""
+        kv = self.session.kv
+        if kv is None or not batch:
+            return batch
+        ahead = 1 + (self.speculator.k if self.speculator is not None else 0)
+        while batch and sum(self.session.blocks_needed(slot, ahead) for slot in batch) > kv.free_blocks:
+            if len(self.running) == 1 and ahead > 1:
+                ahead = 1  # alone, it may still decode one token at a time
+                continue
+            victim = max(self.running.values(), key=self._order)
+            self._preempt(victim)
+            batch = [slot for slot in batch if slot in self.running]
+        self._decoding_blocks = sum(self.session.blocks_needed(slot, ahead) for slot in batch)
+        return batch
+
+    def _pending_blocks(self) -> int:
+        """Blocks the running sequences are owed before anyone new is admitted: the rest of each
+        prompt being prefilled in chunks, each decoding sequence's next token (so an admission
+        does not take the block a running sequence is about to need, and preempt it), and the
+        decode step in flight."""
+        owed = sum(self.session.blocks_needed(r._slot, r._prefill_left + 1)
+                   for r in self.running.values() if r._slot is not None)
+        return owed + self._decoding_blocks
+
+    def _blocks_free_for(self, request: GenerationRequest) -> bool:
+        """Whether the pool can give `request` its whole prompt (and its first new token) beside
+        what the running sequences are owed."""
+        kv = self.session.kv
+        if kv is None:
+            return True
+        need = kv.blocks_for(len(request.prompt) + len(request.generated) + 1)
+        return need + self._pending_blocks() <= kv.free_blocks
 
     def _prefill_budget(self) -> int | None:
         """Prompt tokens this turn may prefill: the batched-token budget less one token per sequence
@@ -481,7 +541,7 @@ class Engine:
         free = [slot for slot in range(self.slots) if slot not in self.running]
         outranks = not self.running or request.priority < min(r.priority for r in self.running.values())
         keep = self.policy == "priority" and self.slots > 1 and len(free) == 1 and not outranks
-        if during_step and (not outranks or not free):
+        if during_step and (not outranks or not free or not self._blocks_free_for(request)):
             return None
         if keep:
             return None
@@ -489,6 +549,11 @@ class Engine:
             if not self._preempt_for(request):
                 return None
             free = [slot for slot in range(self.slots) if slot not in self.running]
+        while not self._blocks_free_for(request):
+            if not self.running:  # the pool is spent by nothing running (a cached prefix would be
+                break             # evicted by then): the prefill's own refusal ends it
+            if not self._preempt_for(request):
+                return None
         self.waiting.pop(0)
         request._slot = min(free)
         request._prefill_left = len(request.prompt) + len(request.generated)
@@ -503,12 +568,17 @@ class Engine:
         victim = max(self.running.values(), key=self._order)
         if self._order(request) >= self._order(victim) or request.priority >= victim.priority:
             return False
+        self._preempt(victim)
+        return True
+
+    def _preempt(self, victim: GenerationRequest) -> None:
+        """Send a running sequence back to the queue with its tokens so far, its cache swapped out
+        where the swap space has room (else computed again on readmission)."""
         self._swap_out(victim)
         self._release(victim)
         victim.preemptions += 1
         self.waiting.append(victim)
         self.waiting.sort(key=self._order)
-        return True
 
     def _swap_out(self, request: GenerationRequest) -> None:
         """Keep a preempted sequence's cache in host memory, while `swap_bytes` has room, so that its
@@ -547,3 +617,7 @@ class Engine:
 
     def _observe(self) -> None:
         self.observer.queued(len(self.waiting), len(self.running), self.slots)
+        kv = self.session.kv
+        if kv is not None:
+            swapped = sum(kv.blocks_for(r._swapped[0]) for r in self.waiting if r._swapped is not None)
+            self.observer.kv_blocks(kv.used_blocks, kv.num_blocks, swapped)

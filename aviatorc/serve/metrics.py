@@ -18,12 +18,14 @@ Names follow vLLM's where one exists, under `aviatorc_`; every series carries th
     aviatorc_prefix_cache_queries_total / _hits_total  counter  prompt tokens looked up / found cached
     aviatorc_num_preemptions_total{swapped}   counter    sequences preempted, their cache swapped out or not
     aviatorc_swap_space_bytes                 gauge      host memory held by swapped-out caches
+    aviatorc_kv_cache_usage_perc              gauge      KV blocks in use / the pool's blocks
+    aviatorc_kv_blocks{state}                 gauge      the pool's blocks: used, free; and swapped (held in
+                                                         host memory by preempted sequences)
 
 The same series also appear under vLLM's own names (`VLLM_ALIASES`: `vllm:num_requests_running`,
 `vllm:kv_cache_usage_perc`, ...; the label `model_name`, finished requests as
 `vllm:request_success_total{finished_reason}`), so that dashboards and autoscalers built for vLLM
 read this server unchanged. They are the same values, renamed at exposition, never counted twice.
-A sequence holds its whole KV slot here, so `vllm:kv_cache_usage_perc` is the slots in use.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ _WINDOW_S = 10.0
 VLLM_ALIASES = {
     "aviatorc_num_requests_running": "vllm:num_requests_running",
     "aviatorc_num_requests_waiting": "vllm:num_requests_waiting",
-    "aviatorc_batch_occupancy": "vllm:kv_cache_usage_perc",
+    "aviatorc_kv_cache_usage_perc": "vllm:kv_cache_usage_perc",
     "aviatorc_prompt_tokens": "vllm:prompt_tokens",
     "aviatorc_generation_tokens": "vllm:generation_tokens",
     "aviatorc_time_to_first_token_seconds": "vllm:time_to_first_token_seconds",
@@ -98,6 +100,9 @@ class Registry:
         self.preemptions = Counter("aviatorc_num_preemptions", "Sequences preempted (swapped: their KV cache kept "
                                    "in host memory, else computed again on readmission)", [*m, "swapped"], registry=r)
         self.swap_space = Gauge("aviatorc_swap_space_bytes", "Host memory held by swapped-out KV caches", m, registry=r)
+        self.kv_usage = Gauge("aviatorc_kv_cache_usage_perc", "KV blocks in use / blocks in the pool", m, registry=r)
+        self.kv_blocks = Gauge("aviatorc_kv_blocks", "The KV pool's blocks (used, free) and the blocks swapped-out "
+                               "sequences hold in host memory (swapped)", [*m, "state"], registry=r)
         self.vllm = CollectorRegistry()
         self.vllm.register(_Aliases(self.registry))
 
@@ -157,6 +162,11 @@ class Metrics:
 
     def swap_space(self, held_bytes: int) -> None:
         self.f.swap_space.labels(self.model).set(held_bytes)
+
+    def kv_blocks(self, used: int, total: int, swapped: int) -> None:
+        self.f.kv_usage.labels(self.model).set(used / total if total else 0.0)
+        for state, count in (("used", used), ("free", total - used), ("swapped", swapped)):
+            self.f.kv_blocks.labels(self.model, state).set(count)
 
     def speculated(self, proposed: int, accepted: int) -> None:
         self._drafted += proposed

@@ -49,6 +49,8 @@ class EngineOptions:
     loras: tuple[tuple[str, str], ...] = ()  # (name, PEFT folder) of LoRA adapters beside the first model
     enable_lora: bool = False  # the first model runs adapters, loaded at start (`loras`) or later over HTTP
     swap_bytes: int = 4 << 30  # host memory for preempted sequences' KV caches (--swap-space)
+    kv_blocks: int | None = None  # the KV pool's blocks (None: the plan's KV memory)
+    block_size: int = 16  # tokens per KV block
 
     @property
     def method(self) -> str | None:
@@ -92,7 +94,8 @@ def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Regist
     drafts_chiplets: frozenset[int] = frozenset()
     draft_file = ""
     for index, spec in enumerate(specs):
-        session = Session(spec.artifact, lora=index == 0 and (options.enable_lora or bool(options.loras)))
+        session = Session(spec.artifact, lora=index == 0 and (options.enable_lora or bool(options.loras)),
+                          kv_blocks=options.kv_blocks, block_size=options.block_size, max_seqs=options.max_num_seqs)
         if session.cache is None:
             raise NotRunnableError(f"this model cannot generate: {static_reason(session.graph)}", file=spec.artifact,
                                    hint="serve a decoder compiled with its KV cache")
@@ -117,7 +120,10 @@ def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Regist
             speculator = Speculator(session, NgramDrafts(), options.num_speculative_tokens, metrics,
                                     by_time=not options.keep_speculating)
         if options.method in ("draft", "self") and index == 0:
-            draft = Session(options.draft or compile_self_draft(session, _scratch() / "self-draft.avc"))
+            # The draft holds the target's sequences, in a pool of as many tokens.
+            assert session.kv is not None
+            draft = Session(options.draft or compile_self_draft(session, _scratch() / "self-draft.avc"),
+                            kv_blocks=session.kv.num_blocks, block_size=session.kv.block_size, max_seqs=session.num_slots)
             draft_file = str(draft.artifact.path)
             if options.method == "self" and not same_model(draft, session):
                 raise OptionError(f"the self draft must be '{name}' compiled again (at {SELF_DRAFT_QUANT}), but it "
@@ -136,7 +142,8 @@ def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Regist
                               "--enable-prefix-caching, or compile it without --kv-recent")
         try:
             prefix_cache = None if options.prefix_cache_tokens == 0 else PrefixCache(
-                session, capacity_tokens=options.prefix_cache_tokens or session.num_slots * session.context)
+                session, block_tokens=options.block_size,
+                capacity_tokens=options.prefix_cache_tokens or session.num_slots * session.context)
             engine = Engine(session, max_num_seqs=options.max_num_seqs, policy=options.policy,
                             max_queue=options.max_queue, request_timeout_s=options.request_timeout_s,
                             observer=metrics, speculator=speculator, prefix_cache=prefix_cache,

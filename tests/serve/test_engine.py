@@ -5,7 +5,10 @@
 - fcfs serves in arrival order; under `priority` a more important arrival preempts the least
   important running sequence, which later resumes (its cache swapped out to host memory and back,
   or computed again without room for it) and still ends with its own greedy tokens;
-- deadlines, cancellation and a full queue end requests with the right outcome and free the slot.
+- deadlines, cancellation and a full queue end requests with the right outcome and free the slot;
+- with a pool of KV blocks smaller than the plan's slots, short sequences run many at once, the
+  ones that outgrow it are preempted (swapped or recomputed) and still end as alone, and a request
+  larger than the whole pool is refused with the numbers.
 """
 
 from __future__ import annotations
@@ -280,3 +283,59 @@ def test_chunked_prefill_keeps_the_running_sequences_decoding_while_a_long_promp
 def test_a_batched_token_budget_below_1_is_refused(session):
     with pytest.raises(OptionError, match="--max-num-batched-tokens must be >= 1, not 0"):
         Engine(session, max_num_batched_tokens=0)
+
+
+class Occupancy(Preemptions):
+    """Preemptions, and the most sequences running at once and the pool's blocks after each turn."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.peak = 0
+        self.blocks: list[tuple[int, int, int]] = []
+
+    def queued(self, waiting: int, running: int, slots: int) -> None:
+        self.peak = max(self.peak, running)
+
+    def kv_blocks(self, used: int, total: int, swapped: int) -> None:
+        self.blocks.append((used, total, swapped))
+
+
+def test_the_pool_of_blocks_holds_as_many_sequences_as_their_lengths_allow(artifacts):
+    """32 blocks of 16 tokens: the memory of one fixed slot of the plan's 512-token context. Short
+    sequences (at most 23 positions: 2 blocks) fit 16 at once there, run 4 (the plan's batch) a step."""
+    paged = Session(artifacts["llama"], kv_blocks=32, max_seqs=16)
+    new = 12
+    reqs = [GenerationRequest(prompt=p, max_tokens=new) for p in prompts(16, seed=7)]
+    observer = Occupancy()
+    asyncio.run(serve(Engine(paged, observer=observer), reqs))
+    for request in reqs:
+        assert request.generated == alone(paged, request.prompt, new)
+    assert observer.peak == 16 and observer.swapped == []  # 16 x the one a fixed slot of that memory holds
+    assert observer.blocks[-1] == (0, 32, 0)
+
+
+@pytest.mark.parametrize("swap_bytes", [4 << 30, 0])
+def test_sequences_that_outgrow_the_pool_are_preempted_and_end_as_alone(artifacts, swap_bytes):
+    """6 blocks for 4 sequences of up to 3 blocks each: as they grow, the last to arrive is
+    preempted (first come, first served), swapped out or computed again later, and every one
+    still ends with the tokens it gets alone; the pool and the swap space end empty."""
+    paged = Session(artifacts["llama"], kv_blocks=6, max_seqs=4)
+    new = 30
+    reqs = [GenerationRequest(prompt=p, max_tokens=new) for p in prompts(4, seed=8)]
+    observer = Occupancy()
+    engine = Engine(paged, observer=observer, swap_bytes=swap_bytes)
+    asyncio.run(serve(engine, reqs))
+    for request in reqs:
+        assert request.finished == Finished("length")
+        assert request.generated == alone(paged, request.prompt, new)
+    assert observer.swapped and set(observer.swapped) == {swap_bytes > 0}
+    assert sum(r.preemptions for r in reqs) == len(observer.swapped)
+    assert observer.blocks[-1] == (0, 6, 0) and engine.swapped_bytes == 0
+
+
+def test_a_request_larger_than_the_pool_is_refused_with_the_numbers(artifacts):
+    engine = Engine(Session(artifacts["llama"], kv_blocks=2))
+    with pytest.raises(OptionError, match=r"needs 3 KV blocks of 16 tokens \(a 10-token prompt and up to 30 new\) "
+                                          r"but the pool has 2"):
+        engine.submit(GenerationRequest(prompt=list(range(10)), max_tokens=30))
+    engine.submit(GenerationRequest(prompt=list(range(10)), max_tokens=22))  # 32 positions: 2 blocks

@@ -300,6 +300,13 @@ def test_metrics_count_tokens_and_outcomes(server, client):
     for family in ("aviatorc_time_per_output_token_seconds", "aviatorc_batch_occupancy",
                    "aviatorc_generation_tokens_per_second", "aviatorc_decode_batch_size"):
         assert family in text
+    # Idle again (another test's stream may still be ending): every block back in the pool (the
+    # plan's 4 slots x 512 tokens, 16 a block).
+    deadline = time.monotonic() + 30
+    while metric(server, "aviatorc_kv_blocks", state="free") != 128 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert metric(server, "aviatorc_kv_blocks", state="free") == 128
+    assert metric(server, "aviatorc_kv_blocks", state="used") == metric(server, "aviatorc_kv_cache_usage_perc") == 0
 
 
 def test_a_model_that_cannot_serve_is_refused_before_listening(tmp_path):
