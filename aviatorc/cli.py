@@ -327,10 +327,11 @@ def _parser() -> argparse.ArgumentParser:
                    "model NAME run; repeat for more")
     p.add_argument("--enable-lora", action="store_true", help="run LoRA adapters beside the first artifact, loaded "
                    "and unloaded over HTTP as well (POST /v1/load_lora_adapter, /v1/unload_lora_adapter)")
-    p.add_argument("--enable-prefix-caching", action="store_true", help="reuse the KV cache of prompt blocks "
-                   "(16 tokens each) that earlier requests computed: a shared system prompt is prefilled once")
+    p.add_argument("--enable-prefix-caching", action="store_true", help="share the KV blocks of prompts that earlier "
+                   "requests computed: a shared system prompt is prefilled once")
     p.add_argument("--prefix-cache-tokens", type=int, default=None, metavar="N", help="tokens the prefix cache keeps "
-                   "(least recently used dropped first; default: the plan's KV slots x its context)")
+                   "at most (least recently used dropped first, and whenever the pool runs short; default: the "
+                   "whole pool)")
     p.add_argument("--max-num-batched-tokens", type=int, metavar="N", help="chunked prefill: each step computes at "
                    "most N tokens, one per decoding sequence and the rest from prompts, so a long prompt is prefilled "
                    "in chunks between decode steps instead of stalling them (default: whole prompts)")
@@ -790,11 +791,12 @@ def _swap_bytes(gib: float) -> int:
 
 
 def _prefix_cache_tokens(args: argparse.Namespace) -> int | None:
-    """0: no prefix cache; None: the default size (the plan's slots x context); N: N tokens."""
+    """0: no prefix cache; None: the default size (the whole pool); N: N tokens."""
     if args.prefix_cache_tokens is not None and not args.enable_prefix_caching:
         raise OptionError("--prefix-cache-tokens needs --enable-prefix-caching")
-    if args.prefix_cache_tokens is not None and args.prefix_cache_tokens < 16:
-        raise OptionError(f"--prefix-cache-tokens must hold at least one 16-token block, not {args.prefix_cache_tokens}")
+    if args.prefix_cache_tokens is not None and args.prefix_cache_tokens < args.block_size:
+        raise OptionError(f"--prefix-cache-tokens must hold at least one {args.block_size}-token block, "
+                          f"not {args.prefix_cache_tokens}")
     return args.prefix_cache_tokens if args.enable_prefix_caching else 0
 
 

@@ -380,6 +380,25 @@ class Session:
             kv.write(sequence.table, pair.past, 0, np.asarray(cache[pair.past]))
         return self._start(slot, sequence, ids)
 
+    def attach(self, slot: int, blocks: Sequence[int], length: int, ids: Any, *, adapter: str | None = None) -> np.ndarray:
+        """Start sequence `slot` from `length` positions already in the pool's `blocks` (a cached
+        prefix: `aviatorc.serve.prefix`), shared with their other holders copy-on-write, then run
+        the rest of its prompt `ids` after them: the logits `prefill` of the whole prompt gives."""
+        if not 0 <= slot < self.num_slots or slot in self._slots:
+            raise OptionError(f"slot {slot} is out of range or in use")
+        kv = self._kv()
+        if len(blocks) != kv.blocks_for(length):
+            raise OptionError(f"{length} positions are {kv.blocks_for(length)} blocks of {kv.block_size}, not {len(blocks)}")
+        sequence = _Sequence(kv.share(blocks), length=length, seen=length, adapter=self._adapter(adapter))
+        return self._start(slot, sequence, ids)
+
+    def blocks_of(self, slot: int) -> list[int]:
+        """The pool's blocks `slot`'s cache is in, in position order."""
+        sequence = self._slots.get(slot)
+        if sequence is None:
+            raise OptionError(f"slot {slot} holds no sequence", hint="prefill it first")
+        return list(sequence.table)
+
     def load_adapter(self, name: str, path: str | os.PathLike[str]) -> None:
         """Load the PEFT LoRA adapter in folder `path` under `name`; the base is not touched."""
         if self.adapters is None:

@@ -161,6 +161,9 @@ class StepSession(Protocol):
     def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> np.ndarray: ...
     def free(self, slot: int) -> None: ...
     def resume(self, slot: int, cache: Any, length: int, ids: Any, *, adapter: str | None = None) -> np.ndarray: ...
+    def attach(self, slot: int, blocks: Sequence[int], length: int, ids: Any, *,
+               adapter: str | None = None) -> np.ndarray: ...
+    def blocks_of(self, slot: int) -> list[int]: ...
     def extend(self, slot: int, ids: Any) -> np.ndarray: ...
     def slot_length(self, slot: int) -> int: ...
     def prefix(self, slot: int, start: int, stop: int) -> dict[str, np.ndarray]: ...
@@ -361,7 +364,9 @@ class Engine:
         if kv is None or not batch:
             return batch
         ahead = 1 + (self.speculator.k if self.speculator is not None else 0)
-        while batch and sum(self.session.blocks_needed(slot, ahead) for slot in batch) > kv.free_blocks:
+        while batch and (short := sum(self.session.blocks_needed(slot, ahead) for slot in batch) - kv.free_blocks) > 0:
+            if self.prefix_cache is not None and self.prefix_cache.evict(short):
+                continue  # cached prompt blocks go before any sequence
             if len(self.running) == 1 and ahead > 1:
                 ahead = 1  # alone, it may still decode one token at a time
                 continue
@@ -380,14 +385,17 @@ class Engine:
                    for r in self.running.values() if r._slot is not None)
         return owed + self._decoding_blocks
 
-    def _blocks_free_for(self, request: GenerationRequest) -> bool:
+    def _blocks_free_for(self, request: GenerationRequest, *, evict: bool = True) -> bool:
         """Whether the pool can give `request` its whole prompt (and its first new token) beside
-        what the running sequences are owed."""
+        what the running sequences are owed, once cached prompt blocks are evicted where that
+        helps (`evict`: not while a decode step runs, whose urgent prefill may insert into the cache)."""
         kv = self.session.kv
         if kv is None:
             return True
-        need = kv.blocks_for(len(request.prompt) + len(request.generated) + 1)
-        return need + self._pending_blocks() <= kv.free_blocks
+        short = kv.blocks_for(len(request.prompt) + len(request.generated) + 1) + self._pending_blocks() - kv.free_blocks
+        if short > 0 and evict and self.prefix_cache is not None:
+            short -= self.prefix_cache.evict(short)
+        return short <= 0
 
     def _prefill_budget(self) -> int | None:
         """Prompt tokens this turn may prefill: the batched-token budget less one token per sequence
@@ -440,15 +448,21 @@ class Engine:
                 stop = len(ids) if budget is None else min(len(ids), start + budget)
                 logits = self.session.extend(slot, ids[start:stop])[-1]
             else:  # the first chunk, after its swapped-out cache or the longest cached prefix
+                start, blocks = 0, list[int]()
+                arrays: dict[str, np.ndarray] = {}
                 if swapped is not None:
                     start, arrays = swapped
-                else:
-                    start, arrays = cache.lookup(ids.tolist()) if cache is not None else (0, {})
-                    if cache is not None:
-                        self.observer.prefix_cache(len(ids), start)
+                elif cache is not None:
+                    start, blocks = cache.lookup(ids.tolist())
+                    self.observer.prefix_cache(len(ids), start)
                 stop = len(ids) if budget is None else min(len(ids), start + budget)
-                logits = (self.session.resume(slot, arrays, start, ids[start:stop], adapter=adapter) if start
-                          else self.session.prefill(slot, ids[:stop], adapter=adapter))
+                rest = ids[start:stop]
+                if arrays:
+                    logits = self.session.resume(slot, arrays, start, rest, adapter=adapter)
+                elif blocks:
+                    logits = self.session.attach(slot, blocks, start, rest, adapter=adapter)
+                else:
+                    logits = self.session.prefill(slot, rest, adapter=adapter)
             if stop == len(ids):
                 if cache is not None:
                     cache.insert(slot, ids.tolist())
@@ -541,7 +555,7 @@ class Engine:
         free = [slot for slot in range(self.slots) if slot not in self.running]
         outranks = not self.running or request.priority < min(r.priority for r in self.running.values())
         keep = self.policy == "priority" and self.slots > 1 and len(free) == 1 and not outranks
-        if during_step and (not outranks or not free or not self._blocks_free_for(request)):
+        if during_step and (not outranks or not free or not self._blocks_free_for(request, evict=False)):
             return None
         if keep:
             return None

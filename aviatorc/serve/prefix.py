@@ -1,15 +1,19 @@
-"""Prefix caching: the KV cache of prompt blocks already computed, reused by later prompts.
+"""Prefix caching: the KV blocks of prompts already computed, shared by later prompts.
 
-    cache = PrefixCache(session, block_tokens=16, capacity_tokens=8192)
-    hit, arrays = cache.lookup(ids)        # the longest cached prefix of whole blocks
-    ... session.resume(slot, arrays, hit, ids[hit:]) instead of session.prefill(slot, ids) ...
-    cache.insert(slot, ids)                # the prompt's whole blocks, from the slot's cache
+    cache = PrefixCache(session, capacity_tokens=8192)
+    hit, blocks = cache.lookup(ids)        # the longest cached prefix of whole blocks
+    ... session.attach(slot, blocks, hit, ids[hit:]) instead of session.prefill(slot, ids) ...
+    cache.insert(slot, ids)                # the prompt's whole blocks, shared from the slot's table
 
-A block is `block_tokens` tokens; it is named by a hash of its tokens and of the block before it
-(so a block is only ever reused after the same prefix, as vLLM's automatic prefix caching does),
-and holds its positions of every cache input. The least recently used blocks are dropped first
-beyond `capacity_tokens`. The last prompt token is always computed: its logits choose the first
-new token. Queries and hits are counted in tokens (`queries`, `hits`).
+A cached block is a block of the session's pool (`aviatorc.runtime.paged`), held by the cache
+as one more reference: a sequence that starts from it shares it, copy-on-write, and nothing is
+copied (a shared block is never written: a sequence's next position starts a block of its own).
+A block is named by a hash of its tokens and of the block before it (so it is only ever reused
+after the same prefix, as vLLM's automatic prefix caching does). Beyond `capacity_tokens` the
+least recently used blocks are dropped first, and `evict` gives blocks back to the pool when it
+runs short: cached blocks use memory no sequence needs, so they go before any sequence is
+preempted. The last prompt token is always computed: its logits choose the first new token.
+Queries and hits are counted in tokens (`queries`, `hits`).
 """
 
 from __future__ import annotations
@@ -26,18 +30,18 @@ from aviatorc.errors import OptionError
 if TYPE_CHECKING:
     from aviatorc.runtime import Session
 
-Block = dict[str, np.ndarray]
-
 
 class PrefixCache:
-    def __init__(self, session: Session, *, block_tokens: int = 16, capacity_tokens: int = 8192) -> None:
-        if block_tokens < 1 or capacity_tokens < block_tokens:
-            raise OptionError(f"a prefix cache needs blocks of >= 1 token and room for one block "
-                              f"(got {block_tokens} and {capacity_tokens})")
-        self.session = session
-        self.axes = {pair.past: pair.axis for pair in session._require_cache().pairs}
-        self.block_tokens, self.capacity_blocks = block_tokens, capacity_tokens // block_tokens
-        self.blocks: OrderedDict[bytes, Block] = OrderedDict()
+    def __init__(self, session: Session, *, capacity_tokens: int | None = None) -> None:
+        pool = session._kv()
+        self.session, self.pool = session, pool
+        self.block_tokens = pool.block_size
+        capacity_tokens = pool.num_blocks * pool.block_size if capacity_tokens is None else capacity_tokens
+        if capacity_tokens < self.block_tokens:
+            raise OptionError(f"a prefix cache needs room for one block of {self.block_tokens} tokens "
+                              f"(got {capacity_tokens})")
+        self.capacity_blocks = capacity_tokens // self.block_tokens
+        self.blocks: OrderedDict[bytes, int] = OrderedDict()  # chained hash -> the pool's block
         self.queries = self.hits = 0
 
     def _keys(self, ids: Sequence[int], limit: int) -> list[bytes]:
@@ -49,35 +53,43 @@ class PrefixCache:
             keys.append(parent)
         return keys
 
-    def lookup(self, ids: Sequence[int]) -> tuple[int, Block]:
-        """(tokens reused, their cache arrays) for the longest cached prefix of whole blocks of
-        `ids` that leaves its last token to compute; (0, {}) when none."""
+    def lookup(self, ids: Sequence[int]) -> tuple[int, list[int]]:
+        """(tokens reused, their blocks) for the longest cached prefix of whole blocks of `ids`
+        that leaves its last token to compute; (0, []) when none."""
         self.queries += len(ids)
-        found: list[Block] = []
-        keys = []
+        keys: list[bytes] = []
         for key in self._keys(ids, len(ids) - 1):
-            block = self.blocks.get(key)
-            if block is None:
+            if key not in self.blocks:
                 break
             keys.append(key)
-            found.append(block)
         self._touch(keys)
-        if not found:
-            return 0, {}
-        tokens = len(found) * self.block_tokens
-        self.hits += tokens
-        return tokens, {name: np.concatenate([b[name] for b in found], axis=axis) for name, axis in self.axes.items()}
+        self.hits += len(keys) * self.block_tokens
+        return len(keys) * self.block_tokens, [self.blocks[key] for key in keys]
 
     def insert(self, slot: int, ids: Sequence[int]) -> None:
-        """Keep the whole blocks of `ids` (the prompt sequence `slot` now holds) not cached yet."""
+        """Share the whole blocks of `ids` (the prompt sequence `slot` now holds) not cached yet."""
         keys = self._keys(ids, len(ids))[:self.capacity_blocks]
+        table = self.session.blocks_of(slot)
         for index, key in enumerate(keys):
             if key not in self.blocks:
-                start = index * self.block_tokens
-                self.blocks[key] = self.session.prefix(slot, start, start + self.block_tokens)
+                self.blocks[key] = self.pool.share([table[index]])[0]
         self._touch(keys)
         while len(self.blocks) > self.capacity_blocks:
-            self.blocks.popitem(last=False)
+            self.pool.release([self.blocks.popitem(last=False)[1]])
+
+    def evict(self, blocks: int) -> int:
+        """Give back up to `blocks` blocks that only the cache holds, least recently used first;
+        how many went back to the pool."""
+        freed = 0
+        for key in list(self.blocks):
+            if freed >= blocks:
+                break
+            block = self.blocks[key]
+            if self.pool.refs[block] == 1:
+                del self.blocks[key]
+                self.pool.release([block])
+                freed += 1
+        return freed
 
     def _touch(self, chain: list[bytes]) -> None:
         """Mark a chain used, its first block most recently: a chain is evicted from its end, and a

@@ -44,7 +44,7 @@ class EngineOptions:
     speculative_method: str | None = None
     num_speculative_tokens: int = 4
     keep_speculating: bool = False  # speculate whatever it costs on this machine (no time rule)
-    prefix_cache_tokens: int | None = 0  # prefix caching: 0 off; N tokens kept; None the plan's slots x context
+    prefix_cache_tokens: int | None = 0  # prefix caching: 0 off; N tokens kept at most; None the whole pool
     max_num_batched_tokens: int | None = None  # chunked prefill: tokens a turn computes (decodes + prompt chunks)
     loras: tuple[tuple[str, str], ...] = ()  # (name, PEFT folder) of LoRA adapters beside the first model
     enable_lora: bool = False  # the first model runs adapters, loaded at start (`loras`) or later over HTTP
@@ -142,8 +142,7 @@ def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Regist
                               "--enable-prefix-caching, or compile it without --kv-recent")
         try:
             prefix_cache = None if options.prefix_cache_tokens == 0 else PrefixCache(
-                session, block_tokens=options.block_size,
-                capacity_tokens=options.prefix_cache_tokens or session.num_slots * session.context)
+                session, capacity_tokens=options.prefix_cache_tokens)
             engine = Engine(session, max_num_seqs=options.max_num_seqs, policy=options.policy,
                             max_queue=options.max_queue, request_timeout_s=options.request_timeout_s,
                             observer=metrics, speculator=speculator, prefix_cache=prefix_cache,
