@@ -34,9 +34,17 @@ plan's target, no draft step); and prefix caching: 8 prompts sharing a system pr
 250 tokens, sent one at a time, time to first token with `--enable-prefix-caching` against
 without (the first request fills the cache; hits from /metrics).
 
+With `--paged`, a plan at context 2,048 (16 slots' batch) serves 32 prompts of 16 to 512 tokens
+(windows of one long text, lengths drawn uniformly), all at once, 16 new tokens each, by two
+servers with the same KV memory: the 512 blocks of 16 tokens that 4 fixed slots of the context
+would take. "Fixed slots" holds 4 sequences at once (`--max-num-seqs 4`: what fixed slots do
+with that memory); "paged" holds as many as their blocks allow (`--max-num-seqs 64`), stepping
+16 at a time (the plan's batch). Sampled from /metrics every 50 ms: the most sequences running
+at once and the most blocks in use; then throughput and time to first token.
+
     python tools/bench_serve.py              # about 5 minutes
     python tools/bench_serve.py --quick      # 8 clients, fewer tokens
-    python tools/bench_serve.py --draft --ngram   # everything (BENCHMARKS.md)
+    python tools/bench_serve.py --draft --ngram --paged   # everything (BENCHMARKS.md)
 
 Writes `tools/results/bench_serve.md` and `.json`; `python tools/update_benchmarks.py` puts
 them in BENCHMARKS.md.
@@ -104,11 +112,13 @@ class Server:
         self.log.seek(0)
         sys.exit(f"the server did not start: {self.log.read()[-2000:]}")
 
-    def metric(self, name: str) -> float:
+    def metric(self, name: str, **labels: str) -> float:
+        """The first sample of family `name` carrying `labels`."""
         import httpx
 
+        wanted = [f'{k}="{v}"' for k, v in labels.items()]
         for line in httpx.get(self.url + "/metrics").text.splitlines():
-            if line.startswith(name + "{"):
+            if line.startswith(name + "{") and all(w in line for w in wanted):
                 return float(line.rsplit(" ", 1)[1])
         return 0.0
 
@@ -368,6 +378,57 @@ def ngram_and_prefix(source: Path, work: Path, new_tokens: int) -> dict[str, Any
     return {"speculation": speculation, "prefix": prefix, "structured": structured}
 
 
+PAGED_CONTEXT, PAGED_BATCH, PAGED_REQUESTS, PAGED_NEW = 2048, 16, 32, 16
+FIXED_SLOTS = 4  # the memory both servers get: what this many fixed slots of the context take
+PAGED_BLOCKS = FIXED_SLOTS * PAGED_CONTEXT // 16
+
+
+def paged(source: Path, work: Path) -> dict[str, Any]:
+    """Paged KV blocks against fixed slots at the same memory (see the module docstring)."""
+    from aviatorc.runtime.text import load_tokenizer
+
+    plan_path = work / "model-2048.avc"
+    print(f"compiling SmolLM2-135M INT8 at context {PAGED_CONTEXT} (batch {PAGED_BATCH}) ...", flush=True)
+    compile_plan(source, plan_path, "int8", PAGED_BATCH, PAGED_CONTEXT)
+    text = load_tokenizer(source).encode(" ".join([SYSTEM, *QUESTIONS, *PROMPTS, *REPEATING] * 4))
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(16, 513, size=PAGED_REQUESTS)
+    starts = rng.integers(0, len(text) - 512, size=PAGED_REQUESTS)
+    prompts = [text[a:a + n] for a, n in zip(starts, lengths)]
+    base = (str(plan_path), "--tokenizer", str(source), "--served-model-name", "model", "--kv-blocks", str(PAGED_BLOCKS))
+    runs: dict[str, Any] = {}
+    for name, seqs in (("fixed", FIXED_SLOTS), ("paged", 64)):
+        server = Server(*base, "--max-num-seqs", str(seqs))
+        peaks = {"running": 0.0, "used": 0.0}
+        done = threading.Event()
+
+        def sample(server: Server = server, peaks: dict[str, float] = peaks, done: threading.Event = done) -> None:
+            while not done.wait(0.05):
+                peaks["running"] = max(peaks["running"], server.metric("aviatorc_num_requests_running"))
+                peaks["used"] = max(peaks["used"], server.metric("aviatorc_kv_blocks", state="used"))
+
+        try:
+            load(server.url, prompts[:2], 2)  # warm-up: the weights are read once per session
+            sampler = threading.Thread(target=sample)
+            sampler.start()
+            rows, wall_s = load(server.url, prompts, PAGED_NEW)
+            done.set()
+            sampler.join()
+        finally:
+            server.close()
+        runs[name] = summarize(rows, wall_s, PAGED_NEW) | {
+            "peak_running": peaks["running"], "peak_blocks_used": peaks["used"],
+            "ttft_mean_s": float(np.mean([r["ttft_s"] for r in rows if r.get("ok")])),
+            "ids": [r.get("ids") for r in rows]}
+        print(f"  {name}: at most {peaks['running']:.0f} sequences at once, {peaks['used']:.0f} of {PAGED_BLOCKS} "
+              f"blocks; {runs[name]['tokens_per_s']:.1f} tok/s, mean TTFT {runs[name]['ttft_mean_s']:.1f} s", flush=True)
+    same = sum(a == b for a, b in zip(runs["fixed"].pop("ids"), runs["paged"].pop("ids")))
+    return {"context": PAGED_CONTEXT, "batch": PAGED_BATCH, "blocks": PAGED_BLOCKS, "fixed_slots": FIXED_SLOTS,
+            "requests": PAGED_REQUESTS, "new_tokens": PAGED_NEW, "prompt_tokens_mean": float(np.mean(lengths)),
+            "runs": runs, "same_tokens": same,
+            "concurrency_ratio": runs["paged"]["peak_running"] / max(1.0, runs["fixed"]["peak_running"])}
+
+
 def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
@@ -387,6 +448,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--draft", action="store_true", help="also serve with the INT4 plan as a speculative draft")
     parser.add_argument("--ngram", action="store_true", help="also n-gram speculation and prefix caching (context 512)")
+    parser.add_argument("--paged", action="store_true", help="also paged KV blocks against fixed slots (context 2048)")
     args = parser.parse_args()
     clients, new_tokens = (8, 16) if args.quick else (16, 32)
     prompts = PROMPTS[:clients]
@@ -464,11 +526,12 @@ def main() -> None:
               f"predicted on the target {self_draft['predicted_speedup']:.2f}x", flush=True)
 
     extra = ngram_and_prefix(source, work, new_tokens) if args.ngram else None
+    paging = paged(source, work) if args.paged else None
     result = {"clients": clients, "new_tokens": new_tokens, "context": context, "compile_s": compile_s,
               "sequential_tokens_per_s": sequential_tps, "served": served, "priorities": prio,
-              "speculative": speculative, "self_draft": self_draft, "ngram_and_prefix": extra}
+              "speculative": speculative, "self_draft": self_draft, "ngram_and_prefix": extra, "paged": paging}
     command = ("python tools/bench_serve.py" + (" --quick" if args.quick else "") + (" --draft" if args.draft else "")
-               + (" --ngram" if args.ngram else ""))
+               + (" --ngram" if args.ngram else "") + (" --paged" if args.paged else ""))
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(render(result, command))
     RESULTS.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
@@ -578,6 +641,23 @@ def render(r: dict[str, Any], command: str) -> str:
                           f"({t['completed']} / {t['requests']} ran their full length): time per output token P50 "
                           f"{t['tpot_p50_free_s'] * 1e3:.0f} ms free, {t['tpot_p50_json_s'] * 1e3:.0f} ms constrained: "
                           f"**{t['ratio']:.2f}x** (goal: within 1.2x)."]
+    k = r.get("paged")
+    if k:
+        f, g = k["runs"]["fixed"], k["runs"]["paged"]
+        lines += ["", f"Paged KV blocks against fixed slots at the same memory: a plan at context {k['context']} (batch "
+                      f"{k['batch']}) and {k['blocks']} blocks of 16 tokens, the memory {k['fixed_slots']} fixed slots "
+                      f"of the context take; {k['requests']} prompts of 16 to 512 tokens (mean "
+                      f"{k['prompt_tokens_mean']:.0f}), all at once, {k['new_tokens']} greedy tokens each.", "",
+                  "| | fixed slots (`--max-num-seqs 4`) | paged (`--max-num-seqs 64`) |", "|---|---|---|",
+                  f"| most sequences running at once | {f['peak_running']:.0f} | {g['peak_running']:.0f} |",
+                  f"| most blocks in use | {f['peak_blocks_used']:.0f} / {k['blocks']} | "
+                  f"{g['peak_blocks_used']:.0f} / {k['blocks']} |",
+                  f"| requests completed | {f['completed']} / {f['requests']} | {g['completed']} / {g['requests']} |",
+                  f"| throughput | {f['tokens_per_s']:.1f} tokens/s | {g['tokens_per_s']:.1f} tokens/s |",
+                  f"| time to first token, mean / P99 | {f['ttft_mean_s']:.1f} / {f['ttft_p99_s']:.1f} s | "
+                  f"{g['ttft_mean_s']:.1f} / {g['ttft_p99_s']:.1f} s |", "",
+                  f"Paged blocks hold **{k['concurrency_ratio']:.1f}x** the sequences fixed slots do (goal: 3x); "
+                  f"greedy tokens equal between the two: {k['same_tokens']} / {k['requests']}."]
     lines += ["", f"Command: `{command}`", ""]
     return "\n".join(lines)
 

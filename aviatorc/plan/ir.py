@@ -318,7 +318,9 @@ class Workload:
     (decode), a prompt of `prompt` tokens (prefill). `positions`: the new tokens each sequence
     brings to a decode step: 1, or k + 1 when the step verifies k drafted tokens (each reads its
     sequence's cache once for all its positions). `lora_rank`, `max_loras`: LoRA adapters of up to
-    that rank, that many at once, beside the weights (`aviatorc.runtime.lora`; 0: none)."""
+    that rank, that many at once, beside the weights (`aviatorc.runtime.lora`; 0: none). `chunk`:
+    prompt tokens of one more sequence a decode step prefills beside its sequences (a mixed step of
+    chunked prefill; 0: none)."""
 
     batch: int = 1
     context: int = 2048
@@ -326,14 +328,26 @@ class Workload:
     positions: int = 1
     lora_rank: int = 0
     max_loras: int = 0
+    chunk: int = 0
 
     def tokens(self, phase: str) -> int:
-        """Tokens one program processes: `positions` per sequence in decode, the prompts in prefill."""
-        return self.batch * (self.prompt if phase == "prefill" else self.positions)
+        """Tokens one program processes: `positions` per sequence (and a mixed step's chunk) in
+        decode, the prompts in prefill."""
+        return self.batch * self.prompt if phase == "prefill" else self.batch * self.positions + self.chunk
+
+    def sequences(self) -> int:
+        """Sequences whose KV cache a decode step reads: its batch, and a mixed step's arriving prompt."""
+        return self.batch + (1 if self.chunk else 0)
+
+    def outputs(self) -> int:
+        """Logits a decode step hands the host: one per position, and one for a mixed step's chunk
+        (its last token's, which the next token comes from once the prompt is in)."""
+        return self.batch * self.positions + (1 if self.chunk else 0)
 
     def to_dict(self) -> dict[str, int]:
         out = {"batch": self.batch, "context": self.context, "prompt": self.prompt}
-        optional = {"positions": (self.positions, 1), "lora_rank": (self.lora_rank, 0), "max_loras": (self.max_loras, 0)}
+        optional = {"positions": (self.positions, 1), "lora_rank": (self.lora_rank, 0), "max_loras": (self.max_loras, 0),
+                    "chunk": (self.chunk, 0)}
         return out | {key: value for key, (value, default) in optional.items() if value != default}
 
 
@@ -589,9 +603,11 @@ def make(op: str, **values: Any) -> Instruction:
 def _workload(raw: Any) -> Workload:
     data = _expect(raw, dict, "workload")
     positions, rank, loras = _int(data.get("positions", 1)), _int(data.get("lora_rank", 0)), _int(data.get("max_loras", 0))
-    if positions < 1 or rank < 0 or loras < 0:
-        raise ValueError(f"workload positions must be >= 1 and LoRA figures >= 0, not {positions}, {rank}, {loras}")
-    return Workload(_int(data["batch"]), _int(data["context"]), _int(data["prompt"]), positions, rank, loras)
+    chunk = _int(data.get("chunk", 0))
+    if positions < 1 or rank < 0 or loras < 0 or chunk < 0:
+        raise ValueError(f"workload positions must be >= 1 and LoRA figures and chunk >= 0, not {positions}, {rank}, "
+                         f"{loras}, {chunk}")
+    return Workload(_int(data["batch"]), _int(data["context"]), _int(data["prompt"]), positions, rank, loras, chunk)
 
 
 def _expect(value: Any, kind: type, what: str) -> Any:

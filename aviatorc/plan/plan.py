@@ -25,12 +25,13 @@ from aviatorc.plan.records import from_json, to_json
 if TYPE_CHECKING:
     from aviatorc.target import Target
 
-PLAN_SCHEMA_VERSION = 7
-READABLE_PLAN_SCHEMAS = (2, 3, 4, 5, 6, 7)  # an older plan's missing fields take their defaults (FIELDS_SINCE)
+PLAN_SCHEMA_VERSION = 8
+READABLE_PLAN_SCHEMAS = (2, 3, 4, 5, 6, 7, 8)  # an older plan's missing fields take their defaults (FIELDS_SINCE)
 # The memory fields each version added: 3, a bounded KV cache; 4, the weight-stationary prefill.
 FIELDS_SINCE = {"kv_sinks": 3, "kv_recent": 3, "prefill_block_tokens": 4, "prefill_staging_bytes_per_chiplet": 4,
                 "lora_bytes_per_chiplet": 6, "prefill_copies": 7, "link_dtype": 7}
-PREDICTION_FIELDS_SINCE = {"routing": 5, "verify": 6}  # 5: a mixture of experts' routed step; 6: verify steps
+# 5: a mixture of experts' routed step; 6: verify steps; 8: mixed steps (decodes and a prompt chunk)
+PREDICTION_FIELDS_SINCE = {"routing": 5, "verify": 6, "mixed": 8}
 
 
 @dataclass(frozen=True)
@@ -172,7 +173,8 @@ class FigureRange:
 @dataclass(frozen=True)
 class SweepPoint:
     """Time per token at another batch or context, on this placement; with `positions` k + 1, the
-    step that verifies k drafted tokens of each sequence (speculative decoding)."""
+    step that verifies k drafted tokens of each sequence (speculative decoding); with `chunk` c, the
+    decode step that also prefills c tokens of an arriving prompt (chunked prefill's mixed step)."""
 
     batch: int
     context: int
@@ -184,6 +186,7 @@ class SweepPoint:
     bound_s: float = 0.0
     efficiency: float = 0.0
     positions: int = 1
+    chunk: int = 0
 
 
 @dataclass(frozen=True)
@@ -222,6 +225,7 @@ class Prediction:
     sweep: tuple[SweepPoint, ...] = ()
     routing: RoutingFigures | None = None  # a mixture of experts' routed steps (time_per_token_s is their mean)
     verify: tuple[SweepPoint, ...] = ()  # the steps verifying k drafts per sequence, at the compiled batch and context
+    mixed: tuple[SweepPoint, ...] = ()  # decode steps that also prefill a prompt chunk, at the compiled batch and context
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ SWEEP_CONTEXTS = (512, 2048, 8192, 32768)
 PREFETCH_HIT_RATES = (0.5, 0.8, 1.0)  # a predictor's hit rates the prefetching step is timed at
 PREFETCH_SAMPLES = 16  # routings per hit rate (the first of those the routed step is timed on)
 VERIFY_DRAFTS = (1, 2, 4, 8)  # drafted tokens per sequence the verify steps are timed at (speculative decoding)
+MIXED_CHUNKS = (16, 64, 256)  # prompt tokens a decode step also prefills, the mixed steps timed (chunked prefill)
 SWEEP_ROUTING_SAMPLES = 8  # routings per sweep point of a mixture of experts (the plan's own step: ROUTING_SAMPLES)
 NOTES = ("costs modelled: matrix units per format, vector units, SRAM, LPDDR channels, links with their "
          "message overheads, the per-layer latency, KV writes, the host's per-token round trip",)
@@ -134,6 +135,7 @@ def schedule(graph: Graph, placement: Placement, weights: Sequence[WeightSpec], 
         sweep=swept[1] if swept else (),
         routing=routed,
         verify=swept[0] if swept else (),
+        mixed=swept[2] if swept else (),
     )
     notes = [*NOTES, PREFILL_NOTES[memory.prefill_schedule]]
     if not facts.kv_width:
@@ -195,21 +197,24 @@ def _flops_by_layer(program: Program, facts: ModelFacts) -> dict[int, float]:
 def _sweep(facts: ModelFacts, placement: Placement, weights: Sequence[WeightSpec], target: Target,
            workload: Workload, memory: MemoryPlan, allowed: Sequence[int], prefetch: bool,
            max_context: int | None = None, graph: Graph | None = None,
-           routing: Routing | None = None) -> tuple[tuple[SweepPoint, ...], tuple[SweepPoint, ...]]:
-    """The steps verifying VERIFY_DRAFTS drafts per sequence (at the compiled batch and context),
-    and time per token over batch (at the compiled context) and context (at the compiled batch, up
-    to the model's trained positions), on this placement: a point whose KV cache outgrows the SRAM
-    the compile reserved streams it."""
+           routing: Routing | None = None
+           ) -> tuple[tuple[SweepPoint, ...], tuple[SweepPoint, ...], tuple[SweepPoint, ...]]:
+    """The steps verifying VERIFY_DRAFTS drafts per sequence, time per token over batch (at the
+    compiled context) and context (at the compiled batch, up to the model's trained positions), and
+    the mixed steps prefilling MIXED_CHUNKS prompt tokens beside the compiled batch's decodes, on
+    this placement: a point whose KV cache outgrows the SRAM the compile reserved streams it."""
     contexts = [t for t in SWEEP_CONTEXTS if max_context is None or t <= max_context]
-    points = sorted({(b, workload.context, 1) for b in SWEEP_BATCHES} | {(workload.batch, t, 1) for t in contexts}
-                    | {(workload.batch, workload.context, k + 1) for k in VERIFY_DRAFTS})
-    def point(at: tuple[int, int, int]) -> SweepPoint:
-        load = dataclasses.replace(workload, batch=at[0], context=at[1], positions=at[2])
+    points = sorted({(b, workload.context, 1, 0) for b in SWEEP_BATCHES} | {(workload.batch, t, 1, 0) for t in contexts}
+                    | {(workload.batch, workload.context, k + 1, 0) for k in VERIFY_DRAFTS}
+                    | {(workload.batch, workload.context, 1, c) for c in MIXED_CHUNKS})
+    def point(at: tuple[int, int, int, int]) -> SweepPoint:
+        load = dataclasses.replace(workload, batch=at[0], context=at[1], positions=at[2], chunk=at[3])
         return _sweep_point(facts, placement, weights, target, load, memory, allowed, prefetch, graph, routing)
 
-    with stage(_logger, f"simulating the batch and context sweep and the verify steps ({len(points)} points)"):
+    with stage(_logger, f"simulating the batch and context sweep, the verify and the mixed steps ({len(points)} points)"):
         timed = forked_map(point, points)
-    return (tuple(p for p in timed if p.positions > 1), tuple(p for p in timed if p.positions == 1))
+    return (tuple(p for p in timed if p.positions > 1), tuple(p for p in timed if p.positions == 1 and not p.chunk),
+            tuple(p for p in timed if p.chunk))
 
 
 def _sweep_point(facts: ModelFacts, placement: Placement, weights: Sequence[WeightSpec], target: Target,
@@ -223,7 +228,7 @@ def _sweep_point(facts: ModelFacts, placement: Placement, weights: Sequence[Weig
     try:
         trial = sized("lpddr")
     except InfeasibleError as error:  # this point's activations or staging do not fit beside the weights
-        return SweepPoint(batch, context, False, error.message, positions=load.positions)
+        return SweepPoint(batch, context, False, error.message, positions=load.positions, chunk=load.chunk)
     if memory.kv.location == "sram" and trial.kv.total_bytes <= memory.kv.total_bytes:
         try:
             trial = sized("sram")
@@ -233,7 +238,7 @@ def _sweep_point(facts: ModelFacts, placement: Placement, weights: Sequence[Weig
     sram = target.chiplet.sram_bytes
     if any(held + reserve > sram for held, reserve in zip(placement.chiplet_bytes, trial.reserve_bytes, strict=True)):
         return SweepPoint(batch, context, False, "needs more SRAM beside the weights than this placement leaves",
-                          positions=load.positions)
+                          positions=load.positions, chunk=load.chunk)
     program = build_program(facts, placement, target, trial, load, "decode", chiplets=allowed, prefetch=prefetch,
                             routed=routing is not None)
     if routing is not None and graph is not None:
@@ -246,4 +251,4 @@ def _sweep_point(facts: ModelFacts, placement: Placement, weights: Sequence[Weig
     bound: BoundFigures = physical_bound(weights, target, load, bound_inputs(facts, weights, target, trial),
                                          chiplets=allowed, routing=routing)
     return SweepPoint(batch, context, True, "", trial.kv.location, step, batch / step if step else 0.0, bound.token_s,
-                      bound.token_s / step if step else 0.0, load.positions)
+                      bound.token_s / step if step else 0.0, load.positions, load.chunk)

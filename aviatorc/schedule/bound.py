@@ -131,7 +131,7 @@ def physical_bound(weights: Sequence[WeightSpec], target: Target, workload: Work
         return [(read_bytes(w, tokens), float(w.storage_bytes)) for w in stored] + adapters
 
     t = workload.tokens("decode")  # each sequence's cache is read once for all the positions it brings
-    decode = {k: terms(k, t, t, items(t), model.kv_bytes, 4.0 * t * model.kv_tokens * model.q_width_total)
+    decode = {k: terms(k, t, workload.outputs(), items(t), model.kv_bytes, 4.0 * t * model.kv_tokens * model.q_width_total)
               for k in range(1, len(cards) + 1)}
     prefill = {k: terms(k, b * p, b, items(b * p), 0.0, 2.0 * b * p * p * model.q_width_total)
                for k in range(1, len(cards) + 1)}

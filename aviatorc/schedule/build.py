@@ -115,9 +115,9 @@ class _Builder:
         self.facts, self.placement, self.target, self.memory = facts, placement, target, memory
         self.workload, self.phase, self.tokens, self.chiplets = workload, phase, tokens, chiplets
         self.blocks, self.block = blocks, 0
-        # The logits of every token a decode step brings (its drafts' too, when it verifies them),
-        # of each sequence's last token in a prefill pass.
-        self.output_tokens = tokens if phase == "decode" else min(tokens * blocks, workload.batch)
+        # The logits of every token a decode step brings (its drafts' too, when it verifies them)
+        # and of a mixed step's chunk's last token, of each sequence's last token in a prefill pass.
+        self.output_tokens = workload.outputs() if phase == "decode" else min(tokens * blocks, workload.batch)
         self.stationary: set[int] = set()  # chiplets holding this run's streamed tiles for all its blocks
         self.held: dict[tuple[str, int, int], Buffer] = {}  # (node, tile, column) -> its stationary buffer
         self.program = Program(phase, workload)
@@ -260,7 +260,7 @@ class _Builder:
     def kv_written_bytes(self, layer: int) -> int:
         """The K and V of this program's tokens in one layer, as the cache stores them."""
         kv = self.memory.kv
-        per_token = kv.bytes_per_layer.get(layer, 0) / max(1, self.workload.batch * kv.tokens)
+        per_token = kv.bytes_per_layer.get(layer, 0) / max(1, self.workload.sequences() * kv.tokens)
         return math.ceil(per_token * self.tokens)
 
     # -- emission ------------------------------------------------------------------------

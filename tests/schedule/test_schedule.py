@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import aviatorc
 from aviatorc.errors import InfeasibleError
-from aviatorc.plan.ir import Buffer, Compute, Free, Load, Program, Recv, Send, Store, ValueRef, Wait, Workload
+from aviatorc.plan.ir import Buffer, Compute, Free, Host, Load, Program, Recv, Send, Store, ValueRef, Wait, Workload
 from aviatorc.schedule import model_facts, simulate
 from aviatorc.schedule.build import build_program
 from aviatorc.schedule.memory import kv_beside_weights, kv_bytes_per_token, plan_memory
@@ -269,3 +269,42 @@ def test_a_verify_step_reads_each_sequences_cache_once_for_all_its_positions(zoo
     steps = [art.plan.prediction.time_per_token_s, *(timed[n] for n in sorted(timed))]
     assert steps == sorted(steps) and steps[0] < steps[-1]
     assert timed[5] == pytest.approx(simulate(verify, target).makespan_s, rel=1e-9)
+
+
+def test_a_mixed_step_prefills_a_chunk_beside_the_decodes_for_one_weight_read(zoo_onnx):  # noqa: F811
+    """Chunked prefill's mixed step: the batch's decodes and c tokens of one arriving prompt in one
+    step. Its weights are read once (the same bytes as a plain step), its FLOPs are those of
+    batch + c tokens, it reads one more sequence's cache (the arriving prompt's), and it hands the
+    host one more row of logits, not c. The plan times it at MIXED_CHUNKS: each larger chunk costs
+    more, and the step costs less than the plain step and a chunk's own step taken one after the other."""
+    from aviatorc.schedule import MIXED_CHUNKS
+
+    art = aviatorc.compile(str(zoo_onnx("llama")), target="mock", quant="int8", context=2048, batch=4,
+                           kv_cache="lpddr")
+    facts = model_facts(art.graph, art.placement.tiles)
+    target, chiplets = art.plan.target, art.plan.chiplets
+
+    def program(load: Workload):
+        memory = kv_beside_weights(plan_memory(facts, art.placement.tiles, target, load, chiplets=chiplets,
+                                               kv="lpddr"), art.placement, facts, target)
+        return build_program(facts, art.placement, target, memory, load, "decode", chiplets=chiplets)
+
+    def totals(p):
+        weights = sum(i.bytes for _, _, i in p.instructions() if isinstance(i, Load) and p.buffers[i.buf].layer is None)
+        kv = sum(i.bytes for _, _, i in p.instructions() if isinstance(i, Load) and p.buffers[i.buf].layer is not None)
+        flops = sum(i.flops for _, _, i in p.instructions() if isinstance(i, Compute))
+        host = sum(i.bytes for _, _, i in p.instructions() if isinstance(i, Host))
+        return weights, kv, flops, host
+
+    plain, mixed, wide = program(Workload(4, 2048, 128)), program(Workload(4, 2048, 128, chunk=64)), \
+        program(Workload(68, 2048, 128))
+    (w_p, kv_p, _, host_p), (w_m, kv_m, flops_m, host_m), (_, _, flops_w, _) = totals(plain), totals(mixed), totals(wide)
+    assert w_m == w_p and kv_m == kv_p * 5 // 4 and host_m == host_p * 5 // 4
+    assert flops_m < flops_w  # the wide step's logits are 68 rows, the mixed step's 5
+    timed = {p.chunk: p.time_per_token_s for p in art.plan.prediction.mixed if p.fits}
+    assert sorted(timed) == list(MIXED_CHUNKS)
+    steps = [art.plan.prediction.time_per_token_s, *(timed[c] for c in MIXED_CHUNKS)]
+    assert steps == sorted(steps) and steps[0] < steps[-1]
+    assert timed[64] == pytest.approx(simulate(mixed, target).makespan_s, rel=1e-9)
+    apart = simulate(plain, target).makespan_s + simulate(program(Workload(1, 2048, 128, 64)), target).makespan_s
+    assert timed[64] < apart
