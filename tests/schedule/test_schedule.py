@@ -237,9 +237,9 @@ def test_the_decode_step_is_no_faster_than_its_busiest_channel_and_link(streamed
         assert step < slow <= step + busiest_s * (1 + 1e-9)
 
 
-def test_a_verify_step_reads_each_sequences_cache_once_for_all_its_positions(zoo_onnx):  # noqa: F811
-    """Verifying k drafts runs k + 1 positions per sequence: the FLOPs and KV writes of a decode
-    step at k + 1 times the batch, but each sequence's cache is read once, not k + 1 times."""
+@pytest.fixture(scope="module")
+def decode_programs(zoo_onnx):  # noqa: F811
+    """A llama plan at batch 4 whose cache streams, and its decode program built for any workload."""
     art = aviatorc.compile(str(zoo_onnx("llama")), target="mock", quant="int8", context=2048, batch=4,
                            kv_cache="lpddr")
     facts = model_facts(art.graph, art.placement.tiles)
@@ -249,6 +249,15 @@ def test_a_verify_step_reads_each_sequences_cache_once_for_all_its_positions(zoo
         memory = kv_beside_weights(plan_memory(facts, art.placement.tiles, target, load, chiplets=chiplets,
                                                kv="lpddr"), art.placement, facts, target)
         return build_program(facts, art.placement, target, memory, load, "decode", chiplets=chiplets)
+
+    return art, program
+
+
+def test_a_verify_step_reads_each_sequences_cache_once_for_all_its_positions(decode_programs):
+    """Verifying k drafts runs k + 1 positions per sequence: the FLOPs and KV writes of a decode
+    step at k + 1 times the batch, but each sequence's cache is read once, not k + 1 times."""
+    art, program = decode_programs
+    target = art.plan.target
 
     def totals(p):
         kv = sum(i.bytes for _, _, i in p.instructions() if isinstance(i, Load) and p.buffers[i.buf].layer is not None)
@@ -271,7 +280,7 @@ def test_a_verify_step_reads_each_sequences_cache_once_for_all_its_positions(zoo
     assert timed[5] == pytest.approx(simulate(verify, target).makespan_s, rel=1e-9)
 
 
-def test_a_mixed_step_prefills_a_chunk_beside_the_decodes_for_one_weight_read(zoo_onnx):  # noqa: F811
+def test_a_mixed_step_prefills_a_chunk_beside_the_decodes_for_one_weight_read(decode_programs):
     """Chunked prefill's mixed step: the batch's decodes and c tokens of one arriving prompt in one
     step. Its weights are read once (the same bytes as a plain step), its FLOPs are those of
     batch + c tokens, it reads one more sequence's cache (the arriving prompt's), and it hands the
@@ -279,15 +288,8 @@ def test_a_mixed_step_prefills_a_chunk_beside_the_decodes_for_one_weight_read(zo
     more, and the step costs less than the plain step and a chunk's own step taken one after the other."""
     from aviatorc.schedule import MIXED_CHUNKS
 
-    art = aviatorc.compile(str(zoo_onnx("llama")), target="mock", quant="int8", context=2048, batch=4,
-                           kv_cache="lpddr")
-    facts = model_facts(art.graph, art.placement.tiles)
-    target, chiplets = art.plan.target, art.plan.chiplets
-
-    def program(load: Workload):
-        memory = kv_beside_weights(plan_memory(facts, art.placement.tiles, target, load, chiplets=chiplets,
-                                               kv="lpddr"), art.placement, facts, target)
-        return build_program(facts, art.placement, target, memory, load, "decode", chiplets=chiplets)
+    art, program = decode_programs
+    target = art.plan.target
 
     def totals(p):
         weights = sum(i.bytes for _, _, i in p.instructions() if isinstance(i, Load) and p.buffers[i.buf].layer is None)
