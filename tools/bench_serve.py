@@ -39,7 +39,7 @@ With `--paged`, a plan at context 2,048 (16 slots' batch) serves 32 prompts of 1
 servers with the same KV memory: the 512 blocks of 16 tokens that 4 fixed slots of the context
 would take. "Fixed slots" holds 4 sequences at once (`--max-num-seqs 4`: what fixed slots do
 with that memory); "paged" holds as many as their blocks allow (`--max-num-seqs 64`), stepping
-16 at a time (the plan's batch). Sampled from /metrics every 50 ms: the most sequences running
+16 at a time (the plan's batch). Sampled from /metrics every 250 ms: the most sequences running
 at once and the most blocks in use; then throughput and time to first token.
 
     python tools/bench_serve.py              # about 5 minutes
@@ -385,6 +385,8 @@ PAGED_BLOCKS = FIXED_SLOTS * PAGED_CONTEXT // 16
 
 def paged(source: Path, work: Path) -> dict[str, Any]:
     """Paged KV blocks against fixed slots at the same memory (see the module docstring)."""
+    import httpx  # noqa: F401 - here, before the sampling and client threads would race to import it
+
     from aviatorc.runtime.text import load_tokenizer
 
     plan_path = work / "model-2048.avc"
@@ -403,7 +405,7 @@ def paged(source: Path, work: Path) -> dict[str, Any]:
         done = threading.Event()
 
         def sample(server: Server = server, peaks: dict[str, float] = peaks, done: threading.Event = done) -> None:
-            while not done.wait(0.05):
+            while not done.wait(0.25):
                 peaks["running"] = max(peaks["running"], server.metric("aviatorc_num_requests_running"))
                 peaks["used"] = max(peaks["used"], server.metric("aviatorc_kv_blocks", state="used"))
 

@@ -319,8 +319,8 @@ class Workload:
     brings to a decode step: 1, or k + 1 when the step verifies k drafted tokens (each reads its
     sequence's cache once for all its positions). `lora_rank`, `max_loras`: LoRA adapters of up to
     that rank, that many at once, beside the weights (`aviatorc.runtime.lora`; 0: none). `chunk`:
-    prompt tokens of one more sequence a decode step prefills beside its sequences (a mixed step of
-    chunked prefill; 0: none)."""
+    in a mixed step of chunked prefill, one of the batch's sequences is a prompt arriving and brings
+    that many of its tokens while the others decode (0: none)."""
 
     batch: int = 1
     context: int = 2048
@@ -333,16 +333,14 @@ class Workload:
     def tokens(self, phase: str) -> int:
         """Tokens one program processes: `positions` per sequence (and a mixed step's chunk) in
         decode, the prompts in prefill."""
-        return self.batch * self.prompt if phase == "prefill" else self.batch * self.positions + self.chunk
-
-    def sequences(self) -> int:
-        """Sequences whose KV cache a decode step reads: its batch, and a mixed step's arriving prompt."""
-        return self.batch + (1 if self.chunk else 0)
+        if phase == "prefill":
+            return self.batch * self.prompt
+        return self.batch * self.positions if not self.chunk else (self.batch - 1) * self.positions + self.chunk
 
     def outputs(self) -> int:
         """Logits a decode step hands the host: one per position, and one for a mixed step's chunk
         (its last token's, which the next token comes from once the prompt is in)."""
-        return self.batch * self.positions + (1 if self.chunk else 0)
+        return self.batch * self.positions if not self.chunk else (self.batch - 1) * self.positions + 1
 
     def to_dict(self) -> dict[str, int]:
         out = {"batch": self.batch, "context": self.context, "prompt": self.prompt}

@@ -260,7 +260,7 @@ class _Builder:
     def kv_written_bytes(self, layer: int) -> int:
         """The K and V of this program's tokens in one layer, as the cache stores them."""
         kv = self.memory.kv
-        per_token = kv.bytes_per_layer.get(layer, 0) / max(1, self.workload.sequences() * kv.tokens)
+        per_token = kv.bytes_per_layer.get(layer, 0) / max(1, self.workload.batch * kv.tokens)
         return math.ceil(per_token * self.tokens)
 
     # -- emission ------------------------------------------------------------------------

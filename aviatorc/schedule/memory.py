@@ -3,9 +3,8 @@
 Sized from the model and the workload, before partitioning, so the partitioner places weights
 in what is really left (`reserve_bytes`, one figure per chiplet):
 
-- KV cache: layers x (K + V width per token) x positions held x sequences (the batch, and a mixed
-  step's arriving prompt) x bytes per element (2 for a 16-bit cache; 1 plus a 2-byte scale per
-  head and token for INT8). A sequence holds its
+- KV cache: layers x (K + V width per token) x positions held x batch x bytes per element (2
+  for a 16-bit cache; 1 plus a 2-byte scale per head and token for INT8). A sequence holds its
   whole context, or under a `KVWindow` (StreamingLLM's attention sinks plus a recent window) at
   most `sinks` + 2 x `recent`: the cache, and the attention over it, stop growing. In SRAM when
   it takes at most `KV_SRAM_SHARE` of the machine's SRAM (`kv="auto"`), spread over the allowed
@@ -195,7 +194,7 @@ def plan_memory(facts: ModelFacts, tiles: Sequence[Tile], target: Target, worklo
         passes, hold, prefill_staging = block, 0, staging
     scratch = max(decode_peak, block_peak + hold)
     held_tokens = kv_window.held(workload.context) if kv_window else workload.context
-    per_layer = {layer: math.ceil(kv_bytes_per_token(width, kv_dtype) * held_tokens * workload.sequences())
+    per_layer = {layer: math.ceil(kv_bytes_per_token(width, kv_dtype) * held_tokens * workload.batch)
                  for layer, width in sorted(facts.kv_width.items()) if width}
     total_kv = sum(per_layer.values())
     sram_total = target.chiplet.sram_bytes * len(chiplets)
