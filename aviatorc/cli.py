@@ -307,6 +307,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-blocks", type=int, metavar="N", help="blocks in the KV cache's pool (default: the plan's KV "
                    "memory, its --batch x --context tokens)")
     p.add_argument("--block-size", type=int, default=16, metavar="T", help="tokens per KV block (default: 16, as vLLM)")
+    p.add_argument("--kv-dtype", choices=("auto", "fp16", "int8"), default="auto", help="how the KV blocks keep their "
+                   "values: int8 codes with an fp16 scale per head and token, or the model's own floats (default: "
+                   "auto, what the plan was compiled with, --kv-dtype of aviatorc compile)")
     p.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
                    help="fcfs: arrival order; priority: lower `priority` first, may preempt")
     p.add_argument("--max-queue", type=int, default=256, metavar="N", help="requests waiting before new ones get 429")
@@ -766,7 +769,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                             max_num_batched_tokens=args.max_num_batched_tokens, loras=_loras(args.lora),
                             keep_speculating=args.keep_speculating,
                             enable_lora=args.enable_lora, swap_bytes=_swap_bytes(args.swap_space),
-                            kv_blocks=args.kv_blocks, block_size=args.block_size)
+                            kv_blocks=args.kv_blocks, block_size=args.block_size,
+                            kv_dtype=None if args.kv_dtype == "auto" else args.kv_dtype)
     serve(specs, options, host=args.host, port=args.port, log_level=args.log_level, limits=limits)
     return 0
 

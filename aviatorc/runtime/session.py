@@ -150,7 +150,8 @@ class Session:
 
     def __init__(self, source: str | os.PathLike[str] | Artifact | SavesArtifact, device: str = "sim", *,
                  world: int = 1, timeout_s: float = 60.0, replay: bool = True, lora: bool = False,
-                 kv_blocks: int | None = None, block_size: int = BLOCK_SIZE, max_seqs: int | None = None) -> None:
+                 kv_blocks: int | None = None, block_size: int = BLOCK_SIZE, max_seqs: int | None = None,
+                 kv_dtype: str | None = None) -> None:
         if device not in DEVICES:
             raise OptionError(f"unknown device '{device}'", hint=f"choose one of {', '.join(DEVICES)}")
         if world < 1:
@@ -212,7 +213,10 @@ class Session:
         self.experts: dict[str, ExpertTally] = {}  # by phase, since the session started
         # "int8": the cache is kept as int8 codes and fp16 scales per head and token, as the plan's
         # prediction counts it; else in the graph's own dtype. Either way in blocks (`KVPool`).
-        self.kv_dtype = self.artifact.plan.memory.kv_dtype
+        # `kv_dtype` overrides the plan's (a server's --kv-dtype): the prediction still counts the plan's.
+        if kv_dtype not in (None, "fp16", "int8"):
+            raise OptionError(f"unknown KV cache type '{kv_dtype}'", hint="choose fp16 or int8")
+        self.kv_dtype = kv_dtype or self.artifact.plan.memory.kv_dtype
         if max_seqs is not None and max_seqs < 1:
             raise OptionError(f"max_seqs must be >= 1, not {max_seqs}")
         self.max_seqs = max_seqs or self.program.workload.batch

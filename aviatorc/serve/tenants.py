@@ -51,6 +51,7 @@ class EngineOptions:
     swap_bytes: int = 4 << 30  # host memory for preempted sequences' KV caches (--swap-space)
     kv_blocks: int | None = None  # the KV pool's blocks (None: the plan's KV memory)
     block_size: int = 16  # tokens per KV block
+    kv_dtype: str | None = None  # how the KV blocks store their values: "fp16" or "int8" (None: the plan's)
 
     @property
     def method(self) -> str | None:
@@ -95,7 +96,8 @@ def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Regist
     draft_file = ""
     for index, spec in enumerate(specs):
         session = Session(spec.artifact, lora=index == 0 and (options.enable_lora or bool(options.loras)),
-                          kv_blocks=options.kv_blocks, block_size=options.block_size, max_seqs=options.max_num_seqs)
+                          kv_blocks=options.kv_blocks, block_size=options.block_size, max_seqs=options.max_num_seqs,
+                          kv_dtype=options.kv_dtype)
         if session.cache is None:
             raise NotRunnableError(f"this model cannot generate: {static_reason(session.graph)}", file=spec.artifact,
                                    hint="serve a decoder compiled with its KV cache")

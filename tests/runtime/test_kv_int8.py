@@ -21,6 +21,7 @@ import pytest
 
 import aviatorc
 from aviatorc import zoo
+from aviatorc.errors import OptionError
 from aviatorc.ir.interpreter import evaluate
 from aviatorc.quant.kv import dequantize_kv, quantize_kv
 from aviatorc.runtime import Session
@@ -156,3 +157,18 @@ def test_truncate_rolls_back_by_length_and_gives_back_whole_blocks(sessions, kv)
     want = session.extend(0, [11, 12])
     session.free(0)
     np.testing.assert_allclose(got, want, atol=BATCHED_ATOL if kv == "int8" else ATOL)
+
+
+def test_a_session_may_keep_an_fp16_plans_cache_in_int8(compiled, sessions):
+    """`Session(kv_dtype="int8")` (a server's --kv-dtype int8) on a plan compiled with an fp16
+    cache stores int8 blocks, and gives what the plan compiled with an int8 cache gives."""
+    override = Session(compiled["fp16"], kv_dtype="int8")
+    assert override.kv.int8 and not sessions["fp16"].kv.int8
+    for prompt in PROMPTS:
+        np.testing.assert_allclose(session_greedy(override, prompt, STEPS), session_greedy(sessions["int8"], prompt, STEPS),
+                                   atol=1e-6)
+        override.free(0)
+        sessions["int8"].free(0)
+    assert override.kv.block_bytes == sessions["int8"].kv.block_bytes
+    with pytest.raises(OptionError, match="unknown KV cache type 'fp8'"):
+        Session(compiled["fp16"], kv_dtype="fp8")
