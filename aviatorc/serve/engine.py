@@ -7,11 +7,16 @@
 
 Each turn of `run`, on the event loop (so the state needs no locks):
 1. drop what ended outside the loop: a request past its deadline, a client that went away;
-2. admit waiting requests into free KV slots, by policy: `fcfs` (arrival order) or `priority`
-   (lower `priority` first, ties by arrival, as vLLM); under `priority` a waiting request may
-   preempt the running one of the lowest priority, which goes back to the queue keeping its
-   generated tokens: its KV cache is swapped out to host memory while `swap_bytes` has room and
-   restored on readmission, else it is prefilled again with them (recompute, as vLLM);
+2. admit waiting requests, by policy: `fcfs` (arrival order) or `priority` (lower `priority`
+   first, ties by arrival, as vLLM), each given a free slot (at most `max_num_seqs` run) once the
+   session's pool of KV blocks (`aviatorc.runtime.paged`) can give its prompt beside what the
+   running sequences are about to need; under `priority` a waiting request may preempt the
+   running one of the lowest priority, which goes back to the queue keeping its generated
+   tokens: its KV cache is swapped out to host memory while `swap_bytes` has room and restored
+   on readmission, else it is prefilled again with them (recompute, as vLLM). Before a decode
+   step, a sequence without a block for its next token makes the last one in the policy's order
+   step back the same way (cached prefix blocks are given back first); a request that could
+   outgrow the whole pool is refused at `submit`;
 3. prefill each admitted request (one at a time: prompts differ in length; the next one chosen
    again after each, so an arrival goes first) and sample its first token;
 4. decode one token for every running sequence in one batched `Session.decode` step.
