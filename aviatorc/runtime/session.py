@@ -380,8 +380,12 @@ class Session:
         kv = self._kv()
         sequence = _Sequence([], length=length, seen=length, adapter=self._adapter(adapter))
         kv.reserve(sequence.table, 0, length)
-        for pair in layout.pairs:
-            kv.write(sequence.table, pair.past, 0, np.asarray(cache[pair.past]))
+        try:
+            for pair in layout.pairs:
+                kv.write(sequence.table, pair.past, 0, np.asarray(cache[pair.past]))
+        except BaseException:
+            kv.release(sequence.table)
+            raise
         return self._start(slot, sequence, ids)
 
     def attach(self, slot: int, blocks: Sequence[int], length: int, ids: Any, *, adapter: str | None = None) -> np.ndarray:

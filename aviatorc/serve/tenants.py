@@ -122,10 +122,13 @@ def load_models(specs: list[ModelSpec], options: EngineOptions, registry: Regist
             speculator = Speculator(session, NgramDrafts(), options.num_speculative_tokens, metrics,
                                     by_time=not options.keep_speculating)
         if options.method in ("draft", "self") and index == 0:
-            # The draft holds the target's sequences, in a pool of as many tokens.
+            # The draft holds the target's sequences, each up to the whole context: it shares no
+            # prefix blocks, so it must never run out where the target does not (its pool's pages
+            # cost host memory only once written).
             assert session.kv is not None
             draft = Session(options.draft or compile_self_draft(session, _scratch() / "self-draft.avc"),
-                            kv_blocks=session.kv.num_blocks, block_size=session.kv.block_size, max_seqs=session.num_slots)
+                            kv_blocks=session.num_slots * session.kv.blocks_for(session.context),
+                            block_size=session.kv.block_size, max_seqs=session.num_slots)
             draft_file = str(draft.artifact.path)
             if options.method == "self" and not same_model(draft, session):
                 raise OptionError(f"the self draft must be '{name}' compiled again (at {SELF_DRAFT_QUANT}), but it "
