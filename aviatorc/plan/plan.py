@@ -29,7 +29,7 @@ PLAN_SCHEMA_VERSION = 8
 READABLE_PLAN_SCHEMAS = (2, 3, 4, 5, 6, 7, 8)  # an older plan's missing fields take their defaults (FIELDS_SINCE)
 # The memory fields each version added: 3, a bounded KV cache; 4, the weight-stationary prefill.
 FIELDS_SINCE = {"kv_sinks": 3, "kv_recent": 3, "prefill_block_tokens": 4, "prefill_staging_bytes_per_chiplet": 4,
-                "lora_bytes_per_chiplet": 6, "prefill_copies": 7, "link_dtype": 7}
+                "lora_bytes_per_chiplet": 6, "prefill_copies": 7, "link_dtype": 7, "kv_blocks": 8, "kv_block_tokens": 8}
 # 5: a mixture of experts' routed step; 6: verify steps; 8: mixed steps (decodes and a prompt chunk)
 PREDICTION_FIELDS_SINCE = {"routing": 5, "verify": 6, "mixed": 8}
 
@@ -105,6 +105,11 @@ class MemoryFigures:
     # Activations sent between chiplets: "fp16" as computed, "int8" codes with an exponent per 32
     # values (`--link-dtype`, `aviatorc.quant.link`); the runtime rounds what it sends so.
     link_dtype: str = "fp16"
+    # The runtime's pool of KV blocks (`aviatorc.runtime.paged`): kv_blocks blocks of kv_block_tokens
+    # positions of every layer, in kv_location: each sequence of the batch its held positions, rounded
+    # up to whole blocks (0, 0: an older plan; the session sizes the pool the same way).
+    kv_blocks: int = 0
+    kv_block_tokens: int = 0
 
     @property
     def kv_window(self) -> KVWindow | None:

@@ -554,8 +554,9 @@ class Session:
 
     def _pool(self, kv_blocks: int | None, block_size: int) -> KVPool:
         """The pool every sequence's cache lives in: `kv_blocks` blocks of `block_size` tokens, by
-        default the plan's KV memory (its batch x the positions a sequence holds, plus a block each
-        for a bounded cache's window to step past before it evicts)."""
+        default as many positions as the plan's pool (`MemoryFigures.kv_blocks`: its batch x the
+        positions a sequence holds in whole blocks, plus a block each for a bounded cache's window
+        to step past before it evicts)."""
         layout = self._require_cache()
         types = {v.name: v.type for v in self.graph.inputs}
         specs: dict[str, CacheSpec] = {}
@@ -568,9 +569,12 @@ class Session:
             specs[pair.past] = CacheSpec(shape, pair.axis, numpy_dtype(types[pair.past].dtype))
         if block_size < 1:
             raise OptionError(f"--block-size must be >= 1, not {block_size}")
-        if kv_blocks is None:
-            held = self.kv_window.held(self.context) + block_size if self.kv_window else self.context
-            kv_blocks = self.program.workload.batch * math.ceil(held / block_size)
+        if kv_blocks is None:  # the plan's pool, in blocks of this size (an older plan: sized the same way)
+            memory = self.artifact.plan.memory
+            held = self.kv_window.held(self.context) if self.kv_window else self.context
+            planned = memory.kv_blocks * memory.kv_block_tokens if memory.kv_blocks else \
+                self.program.workload.batch * (held + (block_size if self.kv_window else 0))
+            kv_blocks = math.ceil(planned / block_size)
         if kv_blocks < 1:
             raise OptionError(f"--kv-blocks must be >= 1, not {kv_blocks}")
         return KVPool(specs, num_blocks=kv_blocks, block_size=block_size, int8=self.kv_dtype == "int8")

@@ -59,6 +59,7 @@ from aviatorc.schedule.model import ModelFacts, layer_runs
 from aviatorc.target import Target
 
 KV_SRAM_SHARE = 0.25  # kv="auto": keep the cache in SRAM when it needs at most this share of it
+KV_BLOCK_TOKENS = 16  # positions per block of the runtime's KV pool (vLLM's default)
 KV_DTYPES = {"fp16": 2, "bf16": 2, "int8": 1}
 KV_MODES = ("auto", "sram", "lpddr")
 PREFILL_SCRATCH_SHARE = 1 / 32  # of a chiplet's SRAM: a prefill block's activations
@@ -95,6 +96,15 @@ class KVPlan:
     chunk_bytes: int  # lpddr: bytes per streamed chunk
     tokens: int  # positions each sequence holds: the context, or what its window keeps
     window: KVWindow | None = None
+    batch: int = 1  # sequences
+    block_tokens: int = KV_BLOCK_TOKENS  # positions per block of the runtime's pool
+
+    @property
+    def blocks(self) -> int:
+        """The runtime's pool: each sequence's held positions in whole blocks, and under a window
+        one block more, for a step's positions before it evicts."""
+        per_sequence = math.ceil(self.tokens / self.block_tokens) + (1 if self.window else 0)
+        return self.batch * per_sequence
 
     @property
     def total_bytes(self) -> int:
@@ -132,7 +142,7 @@ class MemoryPlan:
                              prefill_block_tokens=self.prefill_block_tokens,
                              prefill_staging_bytes_per_chiplet=self.prefill_staging_bytes,
                              lora_bytes_per_chiplet=self.lora_bytes, prefill_copies=dict(self.prefill_copies),
-                             link_dtype=self.link_dtype)
+                             link_dtype=self.link_dtype, kv_blocks=self.kv.blocks, kv_block_tokens=self.kv.block_tokens)
 
 
 def program_blocks(pass_tokens: int, block_tokens: int) -> int:
@@ -231,7 +241,7 @@ def plan_memory(facts: ModelFacts, tiles: Sequence[Tile], target: Target, worklo
                 "a bounded one (--kv-recent), a smaller batch or context, more cards, or the chunked prefill "
                 "(--prefill chunked), which stages no more than a decode step")
     kv_plan = KVPlan(dtype=kv_dtype, location=location, bytes_per_layer=per_layer, chiplet_of_layer=owners,
-                     chunk_bytes=kv_chunk, tokens=held_tokens, window=kv_window)
+                     chunk_bytes=kv_chunk, tokens=held_tokens, window=kv_window, batch=workload.batch)
     return MemoryPlan(kv=kv_plan, scratch_bytes=scratch, prefill_chunk_tokens=passes, staging_bytes=staging,
                       stage_chunk_bytes=stage_chunk, reserve_bytes=tuple(reserve),
                       prefill_block_tokens=block if stationary else 0,

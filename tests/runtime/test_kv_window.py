@@ -134,10 +134,14 @@ def test_a_window_is_checked_where_it_enters(windowed):
         aviatorc.compile(zoo.build_model("llama").inner.eval(), target="mock", kv_recent=0)
     plan = json.loads((windowed.artifact.path / "plan.json").read_text())
     assert plan["schema_version"] == PLAN_SCHEMA_VERSION and Plan.from_dict(plan).memory.kv_window.recent == RECENT
+    # The plan's KV pool: each of 2 sequences holds SINKS + 2 x RECENT = 12 positions (one block of
+    # 16) and a block more to step past before it evicts; the session's pool is that one.
+    assert (plan["memory"]["kv_blocks"], plan["memory"]["kv_block_tokens"]) == (4, 16) == (windowed.kv.num_blocks, 16)
     with pytest.raises(ModelFormatError, match="kv_recent"):
         Plan.from_dict(plan | {"memory": plan["memory"] | {"kv_recent": -3}})
     with pytest.raises(ModelFormatError, match="memory.kv_recent is a schema version 3 field, not version 2's"):
-        Plan.from_dict(plan | {"schema_version": 2})
+        Plan.from_dict(plan | {"schema_version": 2, "memory": {
+            k: v for k, v in plan["memory"].items() if FIELDS_SINCE.get(k, 0) <= 3}})
     older = plan | {"schema_version": 2,
                     "memory": {k: v for k, v in plan["memory"].items() if k not in FIELDS_SINCE},
                     "prediction": {k: v for k, v in plan["prediction"].items() if k not in PREDICTION_FIELDS_SINCE}}

@@ -100,9 +100,10 @@ def greedy_alone(session: Session, prompt: list[int], steps: int) -> list[int]:
 
 
 def test_a_session_holds_more_short_sequences_than_its_batch(compiled):
-    """A plan of batch 2 and context 64 reserves 2 x 64 positions: 8 blocks of 16 by default.
-    Five sequences of at most 16 positions fit in 7 of them; each decode step runs at most 2."""
-    assert Session(compiled).kv.num_blocks == 8
+    """A plan of batch 2 and context 64 reserves 2 x 64 positions: its pool is 8 blocks of 16 (or
+    16 of 8). Five sequences of at most 16 positions fit in 7 of them; each decode step runs at most 2."""
+    assert (compiled.plan.memory.kv_blocks, compiled.plan.memory.kv_block_tokens) == (8, 16)
+    assert Session(compiled).kv.num_blocks == 8 and Session(compiled, block_size=8).kv.num_blocks == 16
     session = Session(compiled, max_seqs=5, kv_blocks=7)
     assert session.step_batch == 2
     prompts = [[3 + i, 9, 17 + 2 * i, 4][: 2 + i % 3] for i in range(5)]
