@@ -75,6 +75,12 @@ class KVWindow:
         return min(context, self.sinks + 2 * self.recent)
 
 
+def kv_pool_blocks(batch: int, held: int, block_tokens: int, window: KVWindow | None) -> int:
+    """The runtime's pool of KV blocks for `batch` sequences of `held` positions each: whole blocks,
+    and under a bounded cache one block more, for a step's positions before it evicts."""
+    return batch * (-(-held // block_tokens) + (1 if window else 0))
+
+
 @dataclass(frozen=True)
 class MemoryFigures:
     """The memory plan: the KV cache, activation scratch and streamed-weight staging per chiplet."""

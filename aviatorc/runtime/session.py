@@ -61,6 +61,7 @@ from aviatorc.errors import OptionError
 from aviatorc.ir import Graph
 from aviatorc.ir.types import format_shape, numpy_dtype
 from aviatorc.plan.artifact import Artifact, load
+from aviatorc.plan.plan import kv_pool_blocks
 from aviatorc.runtime.cache import CacheLayout, find_cache, static_reason
 from aviatorc.runtime.errors import NotRunnableError, RuntimeInputError
 from aviatorc.runtime.lora import Adapters
@@ -571,10 +572,11 @@ class Session:
             raise OptionError(f"--block-size must be >= 1, not {block_size}")
         if kv_blocks is None:  # the plan's pool, in blocks of this size (an older plan: sized the same way)
             memory = self.artifact.plan.memory
-            held = self.kv_window.held(self.context) if self.kv_window else self.context
-            planned = memory.kv_blocks * memory.kv_block_tokens if memory.kv_blocks else \
-                self.program.workload.batch * (held + (block_size if self.kv_window else 0))
-            kv_blocks = math.ceil(planned / block_size)
+            if memory.kv_blocks:
+                kv_blocks = math.ceil(memory.kv_blocks * memory.kv_block_tokens / block_size)
+            else:
+                held = self.kv_window.held(self.context) if self.kv_window else self.context
+                kv_blocks = kv_pool_blocks(self.program.workload.batch, held, block_size, self.kv_window)
         if kv_blocks < 1:
             raise OptionError(f"--kv-blocks must be >= 1, not {kv_blocks}")
         return KVPool(specs, num_blocks=kv_blocks, block_size=block_size, int8=self.kv_dtype == "int8")

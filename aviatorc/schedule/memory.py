@@ -54,7 +54,7 @@ from aviatorc.errors import InfeasibleError, OptionError
 from aviatorc.partition.placement import Placement
 from aviatorc.partition.tiling import Tile, lora_reachable
 from aviatorc.plan.ir import Workload
-from aviatorc.plan.plan import KVWindow, MemoryFigures
+from aviatorc.plan.plan import KVWindow, MemoryFigures, kv_pool_blocks
 from aviatorc.schedule.model import ModelFacts, layer_runs
 from aviatorc.target import Target
 
@@ -101,10 +101,8 @@ class KVPlan:
 
     @property
     def blocks(self) -> int:
-        """The runtime's pool: each sequence's held positions in whole blocks, and under a window
-        one block more, for a step's positions before it evicts."""
-        per_sequence = math.ceil(self.tokens / self.block_tokens) + (1 if self.window else 0)
-        return self.batch * per_sequence
+        """The runtime's pool (`kv_pool_blocks`)."""
+        return kv_pool_blocks(self.batch, self.tokens, self.block_tokens, self.window)
 
     @property
     def total_bytes(self) -> int:
