@@ -25,11 +25,12 @@ from aviatorc.plan.records import from_json, to_json
 if TYPE_CHECKING:
     from aviatorc.target import Target
 
-PLAN_SCHEMA_VERSION = 8
-READABLE_PLAN_SCHEMAS = (2, 3, 4, 5, 6, 7, 8)  # an older plan's missing fields take their defaults (FIELDS_SINCE)
+PLAN_SCHEMA_VERSION = 9
+READABLE_PLAN_SCHEMAS = (2, 3, 4, 5, 6, 7, 8, 9)  # an older plan's missing fields take their defaults (FIELDS_SINCE)
 # The memory fields each version added: 3, a bounded KV cache; 4, the weight-stationary prefill.
 FIELDS_SINCE = {"kv_sinks": 3, "kv_recent": 3, "prefill_block_tokens": 4, "prefill_staging_bytes_per_chiplet": 4,
-                "lora_bytes_per_chiplet": 6, "prefill_copies": 7, "link_dtype": 7, "kv_blocks": 8, "kv_block_tokens": 8}
+                "lora_bytes_per_chiplet": 6, "prefill_copies": 7, "link_dtype": 7, "kv_blocks": 8, "kv_block_tokens": 8,
+                "kv_sram_blocks": 9}
 # 5: a mixture of experts' routed step; 6: verify steps; 8: mixed steps (decodes and a prompt chunk)
 PREDICTION_FIELDS_SINCE = {"routing": 5, "verify": 6, "mixed": 8}
 
@@ -116,10 +117,23 @@ class MemoryFigures:
     # up to whole blocks (0, 0: an older plan; the session sizes the pool the same way).
     kv_blocks: int = 0
     kv_block_tokens: int = 0
+    # A cache in LPDDR: layer -> chiplet -> blocks of that layer kept in SRAM there (the pool's first
+    # blocks, in the chiplets' order), which a decode step reads in place; the rest stream
+    # (`aviatorc.schedule.memory.kv_in_free_sram`).
+    kv_sram_blocks: dict[int, dict[int, int]] = field(default_factory=dict)
 
     @property
     def kv_window(self) -> KVWindow | None:
         return KVWindow(self.kv_sinks, self.kv_recent) if self.kv_recent else None
+
+    @property
+    def kv_sram_positions(self) -> int:
+        """The positions at the pool's start that every layer keeps in SRAM: the whole pool for a
+        cache in SRAM, else the fewest blocks any layer keeps there."""
+        if self.kv_location == "sram":
+            return self.kv_blocks * self.kv_block_tokens
+        kept = [sum(self.kv_sram_blocks.get(layer, {}).values()) for layer in self.kv_layer_chiplets]
+        return min(kept, default=0) * self.kv_block_tokens
 
     def __post_init__(self) -> None:
         if self.link_dtype not in LINK_DTYPES:
@@ -354,6 +368,13 @@ class Plan:
             notes=from_json(_Notes, {"notes": data["notes"]}, where).notes,
             tensor_dtypes=from_json(_Dtypes, {"dtypes": data["tensor_dtypes"]}, where).dtypes,
         )
+        for layer, parts in sorted(plan.memory.kv_sram_blocks.items()):
+            count = sum(parts.values())
+            if (layer not in plan.memory.kv_layer_chiplets or any(c not in plan.chiplets or n < 1 for c, n in parts.items())
+                    or count > plan.memory.kv_blocks):
+                raise ModelFormatError(f"{where}: memory.kv_sram_blocks gives layer {layer} {count} blocks on chiplets "
+                                       f"{sorted(parts)}: a layer with a cache, at least one block on each of the plan's "
+                                       f"chiplets named, at most the pool's {plan.memory.kv_blocks} in all")
         for t, c in sorted(plan.memory.prefill_copies.items()):
             if not 0 <= t < len(plan.tiles) or plan.tiles[t].channel is None or c not in plan.chiplets:
                 raise ModelFormatError(f"{where}: memory.prefill_copies names tile {t} on chiplet {c}: a copy is of a "

@@ -8,6 +8,10 @@
     pool.release(table, keep)                  # the blocks past `keep` positions go back to the pool
     pool.share(blocks)                         # one more holder of those blocks (a cached prefix)
 
+The plan keeps the pool's first `sram_blocks` blocks in SRAM and streams the rest from LPDDR
+(`aviatorc.schedule.memory.kv_in_free_sram`); the lowest free block is taken first, so the blocks
+in use are the ones on chip as far as they go.
+
 A block holds `block_size` positions of every cache input (each layer's K and V), as vLLM's do, so
 one table serves them all. Blocks are counted references: a prefix cache and any number of
 sequences may hold the same block, and a write into a shared block copies it first
@@ -56,12 +60,16 @@ class CacheSpec:
 
 
 class KVPool:
-    def __init__(self, specs: Mapping[str, CacheSpec], *, num_blocks: int, block_size: int, int8: bool = False) -> None:
+    def __init__(self, specs: Mapping[str, CacheSpec], *, num_blocks: int, block_size: int, int8: bool = False,
+                 sram_blocks: int = 0) -> None:
         if num_blocks < 1 or block_size < 1:
             raise AviatorError(f"a KV pool needs at least one block of at least one token "
                                f"(got {num_blocks} blocks of {block_size})", hint="--kv-blocks and --block-size")
         self.specs = dict(specs)
         self.num_blocks, self.block_size, self.int8 = num_blocks, block_size, int8
+        # The plan keeps the pool's first blocks in SRAM (`MemoryFigures.kv_sram_positions`); the
+        # lowest free block going first, running sequences take those before the ones in LPDDR.
+        self.sram_blocks = min(num_blocks, max(0, sram_blocks))
         self.arrays: dict[str, tuple[np.ndarray, ...]] = {}
         for name, spec in self.specs.items():
             if spec.axis < 1:
@@ -87,6 +95,11 @@ class KVPool:
     @property
     def used_blocks(self) -> int:
         return self.num_blocks - len(self._free)
+
+    @property
+    def used_sram_blocks(self) -> int:
+        """Blocks in use among those the plan keeps in SRAM."""
+        return int(np.count_nonzero(self.refs[:self.sram_blocks]))
 
     @property
     def block_bytes(self) -> int:

@@ -570,8 +570,8 @@ class Session:
             specs[pair.past] = CacheSpec(shape, pair.axis, numpy_dtype(types[pair.past].dtype))
         if block_size < 1:
             raise OptionError(f"--block-size must be >= 1, not {block_size}")
+        memory = self.artifact.plan.memory
         if kv_blocks is None:  # the plan's pool, in blocks of this size (an older plan: sized the same way)
-            memory = self.artifact.plan.memory
             if memory.kv_blocks:
                 kv_blocks = math.ceil(memory.kv_blocks * memory.kv_block_tokens / block_size)
             else:
@@ -579,7 +579,8 @@ class Session:
                 kv_blocks = kv_pool_blocks(self.program.workload.batch, held, block_size, self.kv_window)
         if kv_blocks < 1:
             raise OptionError(f"--kv-blocks must be >= 1, not {kv_blocks}")
-        return KVPool(specs, num_blocks=kv_blocks, block_size=block_size, int8=self.kv_dtype == "int8")
+        return KVPool(specs, num_blocks=kv_blocks, block_size=block_size, int8=self.kv_dtype == "int8",
+                      sram_blocks=memory.kv_sram_positions // block_size)
 
     def _kv(self) -> KVPool:
         self._require_cache()

@@ -33,9 +33,9 @@ from aviatorc.schedule.cold import cold_start
 from aviatorc.schedule.forked import forked_map
 from aviatorc.schedule.memory import (
     MemoryPlan,
-    kv_beside_weights,
     plan_memory,
     prefill_copies,
+    settle_kv,
     with_prefill_copies,
 )
 from aviatorc.schedule.model import ModelFacts, model_facts
@@ -80,7 +80,7 @@ def schedule(graph: Graph, placement: Placement, weights: Sequence[WeightSpec], 
     over sampled routings (`routed.py`), and the bound is in expectation."""
     facts = facts or model_facts(graph, placement.tiles)
     allowed = tuple(sorted(chiplets if chiplets is not None else range(target.num_chiplets)))
-    memory = kv_beside_weights(memory, placement, facts, target)
+    memory = settle_kv(memory, placement, facts, target, allowed)
     memory = dataclasses.replace(memory, prefill_copies=prefill_copies(placement, memory, target, allowed))
     routing = routing if routing is not None and routing.blocks else None
     placed = {"decode": placement, "prefill": with_prefill_copies(placement, memory.prefill_copies, target)}
@@ -225,8 +225,9 @@ def _sweep_point(facts: ModelFacts, placement: Placement, weights: Sequence[Weig
         return plan_memory(facts, placement.tiles, target, load, chiplets=allowed, kv=kv, kv_dtype=memory.kv.dtype,
                            kv_window=memory.kv.window, prefill=memory.prefill_schedule, link_dtype=memory.link_dtype)
 
-    try:
+    try:  # a cache that outgrows the SRAM reserved streams, taking what the weights leave as the compile's did
         trial = sized("lpddr")
+        trial = dataclasses.replace(trial, kv=dataclasses.replace(trial.kv, free_sram=memory.kv.free_sram))
     except InfeasibleError as error:  # this point's activations or staging do not fit beside the weights
         return SweepPoint(batch, context, False, error.message, positions=load.positions, chunk=load.chunk)
     if memory.kv.location == "sram" and trial.kv.total_bytes <= memory.kv.total_bytes:
@@ -234,7 +235,7 @@ def _sweep_point(facts: ModelFacts, placement: Placement, weights: Sequence[Weig
             trial = sized("sram")
         except InfeasibleError:  # its larger activations leave the cache no room: the cache streams
             pass
-    trial = kv_beside_weights(trial, placement, facts, target)
+    trial = settle_kv(trial, placement, facts, target, allowed)
     sram = target.chiplet.sram_bytes
     if any(held + reserve > sram for held, reserve in zip(placement.chiplet_bytes, trial.reserve_bytes, strict=True)):
         return SweepPoint(batch, context, False, "needs more SRAM beside the weights than this placement leaves",

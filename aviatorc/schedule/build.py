@@ -128,6 +128,7 @@ class _Builder:
         self.charged_layers: set[int] = set()
         self.attention_layers = set(facts.attention.values())
         self.homes = self._homes()
+        self.kv_offsets = self._kv_offsets()
         self.skipped = facts.weight_chain
         # A prefill's token blocks each keep their non-weight work on a chiplet of their own on the
         # home's card, so the blocks' vector work runs side by side (`block_home`).
@@ -187,7 +188,7 @@ class _Builder:
         if uses:
             return sorted({self.placement.compute_chiplet[u.tile] for u in uses})
         if node.name in self.facts.attention:
-            return sorted(set(self._kv_chunk_chiplets(node)))
+            return sorted({c for c, _, _ in self._kv_reads(node)})
         return [self.node_home(node, block)]
 
     def block_home(self, layer: int, block: int | None = None) -> int:
@@ -203,18 +204,39 @@ class _Builder:
         ring = self.cards[self.target.card_of(home)]
         return ring[(ring.index(home) + block) % len(ring)]
 
-    def _kv_chunk_chiplets(self, node: Node) -> list[int]:
-        """Where each chunk of a streamed KV cache is read: spread over the allowed chiplets, the
-        last at home (one entry per chunk; just home when the cache is not streamed)."""
+    def _kv_reads(self, node: Node) -> list[tuple[int, int, bool]]:
+        """Where a decode step reads each part of the attention node's KV cache: (chiplet, bytes,
+        streamed). The blocks kept in SRAM are read where they are (`KVPlan.sram_parts`); the rest
+        streams in chunks spread over the allowed chiplets, the last at home. Just home in prefill
+        and where the cache takes no room."""
         layer = self.facts.layer_of_node[node.name]
         home = self.homes[layer]
         kv = self.memory.kv
-        nbytes = kv.bytes_per_layer.get(layer, 0)
-        if self.phase == "prefill" or kv.location == "sram" or nbytes == 0:
-            return [home]
-        chunks = math.ceil(nbytes / kv.chunk_bytes)
-        start = self.chiplets.index(home)
-        return [self.chiplets[(start + 1 + i) % len(self.chiplets)] for i in range(chunks - 1)] + [home]
+        if self.phase == "prefill" or not kv.bytes_per_layer.get(layer, 0):
+            return [(home, 0, False)]
+        reads = [(c, nbytes, False) for c, nbytes in sorted(kv.sram_parts(layer).items(), key=lambda p: p[0] == home)]
+        streamed = kv.streamed_bytes(layer)
+        chunks = math.ceil(streamed / kv.chunk_bytes) if streamed else 0
+        start = self.chiplets.index(home) + self.kv_offsets[layer]
+        where = [self.chiplets[(start + 1 + i) % len(self.chiplets)] for i in range(chunks - 1)] + [home] * (chunks > 0)
+        return reads + [(c, min(kv.chunk_bytes, streamed - i * kv.chunk_bytes), True) for i, c in enumerate(where)]
+
+    def _kv_offsets(self) -> dict[int, int]:
+        """Layer -> how far past its home its streamed KV chunks start: the chunks of the layers
+        before it, so that the chunks of every layer together go round the chiplets' channels
+        evenly. (Each layer starting just past its home, a cache mostly kept in SRAM streamed its
+        few chunks from the channels beside the homes only.)"""
+        kv, offsets, total = self.memory.kv, {}, 0
+        for layer in sorted(kv.bytes_per_layer):
+            offsets[layer] = total
+            streamed = kv.streamed_bytes(layer)
+            total += max(0, math.ceil(streamed / kv.chunk_bytes) - 1) if streamed else 0
+        return offsets
+
+    def kv_buffer(self, layer: int, chiplet: int) -> str:
+        """The buffer of the layer's cache kept in SRAM on `chiplet`: the whole cache's when it all
+        lives there (`kv.location == "sram"`), else that chiplet's share of its blocks."""
+        return f"kv.{layer}" if self.memory.kv.location == "sram" else f"kv.{layer}.on{chiplet}"
 
     # -- sizes ---------------------------------------------------------------------------
 
@@ -272,10 +294,9 @@ class _Builder:
             if w < self.placement.num_chiplets:
                 self.program.add_buffer(Buffer(resident_buffer(t), w, self.placement.tiles[t].storage_bytes,
                                                "resident", tile=t))
-        if self.memory.kv.location == "sram":
-            for layer, nbytes in sorted(self.memory.kv.bytes_per_layer.items()):
-                self.program.add_buffer(Buffer(f"kv.{layer}", self.memory.kv.chiplet_of_layer[layer], nbytes, "kv",
-                                               layer=layer))
+        for layer in sorted(self.memory.kv.bytes_per_layer):
+            for c, nbytes in sorted(self.memory.kv.sram_parts(layer).items()):
+                self.program.add_buffer(Buffer(self.kv_buffer(layer, c), c, nbytes, "kv", layer=layer))
         for run in layer_runs(self.facts).runs:
             self.stationary = self._stationary_chiplets(run) if self.blocks > 1 else set()
             for _, block, index in _wavefront(len(run), self.blocks):
@@ -407,30 +428,33 @@ class _Builder:
             self._write_back(home, layer, written, in_sram)
             return
         # Every position attends to its sequence's whole cache, which is read once for all of them.
+        # Its parts are read where they are (`_kv_reads`: heads split across chiplets, as
+        # tensor-parallel attention does), a streamed chunk from the channel of the chiplet reading
+        # it, so every channel carries its share of every layer's cache; each part's partial output
+        # goes home, where the last part completes the node.
         flops = 4 * self.tokens * kv.tokens * q_width
-        nbytes = kv.bytes_per_layer.get(layer, 0)
-        if kv.location == "sram" or nbytes == 0:
-            bufs = (f"kv.{layer}",) if nbytes else ()
-            self._compute(home, layer, node=node.name, bufs=bufs, flops=flops, bytes=nbytes + written, vector_bytes=0,
+        total = kv.bytes_per_layer.get(layer, 0)
+        reads = self._kv_reads(node)
+        if reads == [(home, reads[0][1], False)]:  # all of it beside the attention
+            bufs = (self.kv_buffer(layer, home),) if total else ()
+            self._compute(home, layer, node=node.name, bufs=bufs, flops=flops, bytes=total + written, vector_bytes=0,
                           kind=kind, part=None)
             return
-        # The cache streams in chunks spread over every allowed chiplet (heads split across chiplets,
-        # as tensor-parallel attention does), each from the channel of the chiplet reading it, so
-        # every channel carries its share of every layer's cache; each chunk's partial output goes
-        # home, where the last chunk completes the node.
-        where = self._kv_chunk_chiplets(node)
-        chunks = len(where)
+        parts = len(reads)
         out = node.outputs[0]
-        partial_bytes = self.on_wire(math.ceil(self.tokens * q_width * self.target.activation_bytes_per_element / chunks),
-                                     math.ceil(q_width / chunks))
-        for i, c in enumerate(where):
-            share = min(kv.chunk_bytes, nbytes - i * kv.chunk_bytes)
-            part = Part("kv", i, chunks)
+        partial_bytes = self.on_wire(math.ceil(self.tokens * q_width * self.target.activation_bytes_per_element / parts),
+                                     math.ceil(q_width / parts))
+        for i, (c, nbytes, streamed) in enumerate(reads):
+            part = Part("kv", i, parts)
             self._receive_inputs(node, c)
-            buffer = self._staging_buffer(f"kv.{layer}.{i}", c, share, layer=layer)
-            compute = self._make_compute(c, layer, node=node.name, bufs=(buffer.name,), flops=flops * share // nbytes,
-                                         bytes=share, vector_bytes=0, kind=kind, part=part)
-            self.entries[c].append(_Staged(buffer, self.target.channel_of(c), compute))
+            fields = dict(node=node.name, flops=flops * nbytes // total, bytes=nbytes, vector_bytes=0, kind=kind,
+                          part=part)
+            if streamed:
+                buffer = self._staging_buffer(f"kv.{layer}.{i}", c, nbytes, layer=layer)
+                compute = self._make_compute(c, layer, bufs=(buffer.name,), **fields)
+                self.entries[c].append(_Staged(buffer, self.target.channel_of(c), compute))
+            else:
+                self._compute(c, layer, bufs=(self.kv_buffer(layer, c),), **fields)
             if c != home:
                 label = ValueRef(self.key(out.name), part)
                 self.entries[c].append(Send(label, home, partial_bytes))

@@ -10,7 +10,10 @@ in what is really left (`reserve_bytes`, one figure per chiplet):
   it takes at most `KV_SRAM_SHARE` of the machine's SRAM (`kv="auto"`), spread over the allowed
   chiplets one layer at a time; otherwise it stays in LPDDR and each decode step streams it in chunks.
   A KV block held in SRAM costs the same per byte as a resident weight (both are read once per
-  step), so which of the two stays is a wash in the bound; auto keeps small caches on chip.
+  step), so which of the two stays is a wash in the bound; auto keeps small caches on chip. Once
+  the weights are placed, auto's cache in LPDDR takes the SRAM they left (`kv_in_free_sram`): the
+  pool's first blocks of each layer live there, and a step reads them in place and streams only
+  the rest.
 - Activation scratch: the peak of live activation bytes over the node order (a value lives
   from its producer to its last user) at the tokens a program processes.
 - The prefill is weight-stationary (`prefill="stationary"`, the default): it walks the model one
@@ -62,6 +65,7 @@ KV_SRAM_SHARE = 0.25  # kv="auto": keep the cache in SRAM when it needs at most 
 KV_BLOCK_TOKENS = 16  # positions per block of the runtime's KV pool (vLLM's default)
 KV_DTYPES = {"fp16": 2, "bf16": 2, "int8": 1}
 KV_MODES = ("auto", "sram", "lpddr")
+KV_SRAM_ROUND = 64  # blocks a layer takes per turn when the caches share the SRAM the weights left
 PREFILL_SCRATCH_SHARE = 1 / 32  # of a chiplet's SRAM: a prefill block's activations
 PREFILL_HOLD_SHARE = 1 / 8  # of a chiplet's SRAM: a chiplet's share of a pass's hand-off between layers
 PREFILL_STAGING_LAYERS = 1.0  # a layer's streamed tiles, held for its blocks (1.5 gained 0.3% TTFT on Llama-3-8B)
@@ -98,11 +102,38 @@ class KVPlan:
     window: KVWindow | None = None
     batch: int = 1  # sequences
     block_tokens: int = KV_BLOCK_TOKENS  # positions per block of the runtime's pool
+    # lpddr: layer -> chiplet -> blocks of the layer kept in SRAM there: the pool's first blocks,
+    # in the chiplets' order (`kv_in_free_sram`), where `free_sram` (kv="auto") lets the cache
+    # take the SRAM the weights leave; kv="lpddr" streams all of it
+    sram_blocks: dict[int, dict[int, int]] = field(default_factory=dict)
+    free_sram: bool = False
 
     @property
     def blocks(self) -> int:
         """The runtime's pool (`kv_pool_blocks`)."""
         return kv_pool_blocks(self.batch, self.tokens, self.block_tokens, self.window)
+
+    def block_bytes(self, layer: int) -> int:
+        """One block of the pool in one layer: the layer's cache over the pool's blocks."""
+        return -(-self.bytes_per_layer.get(layer, 0) // max(1, self.blocks))
+
+    def sram_parts(self, layer: int) -> dict[int, int]:
+        """Chiplet -> the bytes of the layer's cache a decode step reads from SRAM there."""
+        nbytes = self.bytes_per_layer.get(layer, 0)
+        if self.location == "sram":
+            return {self.chiplet_of_layer[layer]: nbytes} if nbytes else {}
+        parts, left = {}, nbytes
+        for c, count in sorted(self.sram_blocks.get(layer, {}).items()):
+            parts[c] = min(left, count * self.block_bytes(layer))
+            left -= parts[c]
+        return {c: b for c, b in parts.items() if b}
+
+    def sram_bytes(self, layer: int) -> int:
+        return sum(self.sram_parts(layer).values())
+
+    def streamed_bytes(self, layer: int) -> int:
+        """The bytes of the layer's cache a decode step streams from LPDDR."""
+        return self.bytes_per_layer.get(layer, 0) - self.sram_bytes(layer)
 
     @property
     def total_bytes(self) -> int:
@@ -140,7 +171,8 @@ class MemoryPlan:
                              prefill_block_tokens=self.prefill_block_tokens,
                              prefill_staging_bytes_per_chiplet=self.prefill_staging_bytes,
                              lora_bytes_per_chiplet=self.lora_bytes, prefill_copies=dict(self.prefill_copies),
-                             link_dtype=self.link_dtype, kv_blocks=self.kv.blocks, kv_block_tokens=self.kv.block_tokens)
+                             link_dtype=self.link_dtype, kv_blocks=self.kv.blocks, kv_block_tokens=self.kv.block_tokens,
+                             kv_sram_blocks={layer: dict(parts) for layer, parts in self.kv.sram_blocks.items()})
 
 
 def program_blocks(pass_tokens: int, block_tokens: int) -> int:
@@ -239,7 +271,8 @@ def plan_memory(facts: ModelFacts, tiles: Sequence[Tile], target: Target, worklo
                 "a bounded one (--kv-recent), a smaller batch or context, more cards, or the chunked prefill "
                 "(--prefill chunked), which stages no more than a decode step")
     kv_plan = KVPlan(dtype=kv_dtype, location=location, bytes_per_layer=per_layer, chiplet_of_layer=owners,
-                     chunk_bytes=kv_chunk, tokens=held_tokens, window=kv_window, batch=workload.batch)
+                     chunk_bytes=kv_chunk, tokens=held_tokens, window=kv_window, batch=workload.batch,
+                     free_sram=kv == "auto")
     return MemoryPlan(kv=kv_plan, scratch_bytes=scratch, prefill_chunk_tokens=passes, staging_bytes=staging,
                       stage_chunk_bytes=stage_chunk, reserve_bytes=tuple(reserve),
                       prefill_block_tokens=block if stationary else 0,
@@ -479,3 +512,52 @@ def kv_beside_weights(memory: MemoryPlan, placement: Placement, facts: ModelFact
                 owners[layer] = c
                 break
     return replace(memory, kv=replace(kv, chiplet_of_layer=owners), reserve_bytes=tuple(reserve))
+
+
+def settle_kv(memory: MemoryPlan, placement: Placement, facts: ModelFacts, target: Target,
+              chiplets: Sequence[int]) -> MemoryPlan:
+    """The KV caches once the weights are placed: beside their weights (`kv_beside_weights`), then
+    what SRAM the weights left on each home holding a share of a streamed cache (`kv_in_free_sram`)."""
+    return kv_in_free_sram(kv_beside_weights(memory, placement, facts, target), placement, target, chiplets)
+
+
+def kv_in_free_sram(memory: MemoryPlan, placement: Placement, target: Target, chiplets: Sequence[int]) -> MemoryPlan:
+    """A cache in LPDDR with as many of its blocks kept in SRAM as the weights and reserves leave
+    room for on the allowed chiplets. A decode step reads every held block once, as it reads every
+    weight once, so a byte of cache in SRAM saves what a byte of weight would; the weights are
+    placed first (the partitioner's knapsack) and the cache takes what is left. The layers take
+    turns, `KV_SRAM_ROUND` blocks at a time, so that each keeps about the same share on chip: each
+    on its home if it has room (read in place), else on the roomiest chiplet of the home's card,
+    else on the roomiest of any (a part away from home sends its partial result there, as a
+    streamed chunk does). The runtime hands out the pool's lowest block ids first: those are the
+    blocks kept in SRAM."""
+    kv = memory.kv
+    if kv.location != "lpddr" or not kv.free_sram or not kv.bytes_per_layer:
+        return memory
+    sram = target.chiplet.sram_bytes
+    free = {c: sram - placement.chiplet_bytes[c] - memory.reserve_bytes[c] for c in chiplets}
+    need = {layer: kv.blocks for layer, nbytes in kv.bytes_per_layer.items() if nbytes}
+    size = {layer: kv.block_bytes(layer) for layer in need}
+    blocks: dict[int, dict[int, int]] = {}
+    while need:
+        for layer in sorted(need):
+            home = kv.chiplet_of_layer[layer]
+            card = target.card_of(home)
+            roomy = [c for c in free if free[c] >= size[layer]]
+            if not roomy:
+                del need[layer]
+                continue
+            c = min(roomy, key=lambda c: (c != home, target.card_of(c) != card, -free[c], c))
+            count = min(need[layer], KV_SRAM_ROUND, free[c] // size[layer])
+            blocks.setdefault(layer, {})
+            blocks[layer][c] = blocks[layer].get(c, 0) + count
+            free[c] -= count * size[layer]
+            need[layer] -= count
+            if not need[layer]:
+                del need[layer]
+    kv = replace(kv, sram_blocks=blocks)
+    reserve = list(memory.reserve_bytes)
+    for layer in blocks:
+        for c, nbytes in kv.sram_parts(layer).items():
+            reserve[c] += nbytes
+    return replace(memory, kv=kv, reserve_bytes=tuple(reserve))

@@ -19,8 +19,9 @@ Names follow vLLM's where one exists, under `aviatorc_`; every series carries th
     aviatorc_num_preemptions_total{swapped}   counter    sequences preempted, their cache swapped out or not
     aviatorc_swap_space_bytes                 gauge      host memory held by swapped-out caches
     aviatorc_kv_cache_usage_perc              gauge      KV blocks in use / the pool's blocks
-    aviatorc_kv_blocks{state}                 gauge      the pool's blocks: used, free; and swapped (held in
-                                                         host memory by preempted sequences)
+    aviatorc_kv_blocks{state}                 gauge      the pool's blocks: used, free; swapped (held in
+                                                         host memory by preempted sequences); sram (used
+                                                         blocks among those the plan keeps in SRAM)
 
 The same series also appear under vLLM's own names (`VLLM_ALIASES`: `vllm:num_requests_running`,
 `vllm:kv_cache_usage_perc`, ...; the label `model_name`, finished requests as
@@ -101,8 +102,9 @@ class Registry:
                                    "in host memory, else computed again on readmission)", [*m, "swapped"], registry=r)
         self.swap_space = Gauge("aviatorc_swap_space_bytes", "Host memory held by swapped-out KV caches", m, registry=r)
         self.kv_usage = Gauge("aviatorc_kv_cache_usage_perc", "KV blocks in use / blocks in the pool", m, registry=r)
-        self.kv_blocks = Gauge("aviatorc_kv_blocks", "The KV pool's blocks (used, free) and the blocks swapped-out "
-                               "sequences hold in host memory (swapped)", [*m, "state"], registry=r)
+        self.kv_blocks = Gauge("aviatorc_kv_blocks", "The KV pool's blocks (used, free), the blocks swapped-out "
+                               "sequences hold in host memory (swapped), and the used blocks the plan keeps in SRAM "
+                               "(sram)", [*m, "state"], registry=r)
         self.vllm = CollectorRegistry()
         self.vllm.register(_Aliases(self.registry))
 
@@ -163,9 +165,9 @@ class Metrics:
     def swap_space(self, held_bytes: int) -> None:
         self.f.swap_space.labels(self.model).set(held_bytes)
 
-    def kv_blocks(self, used: int, total: int, swapped: int) -> None:
+    def kv_blocks(self, used: int, total: int, swapped: int, sram: int = 0) -> None:
         self.f.kv_usage.labels(self.model).set(used / total if total else 0.0)
-        for state, count in (("used", used), ("free", total - used), ("swapped", swapped)):
+        for state, count in (("used", used), ("free", total - used), ("swapped", swapped), ("sram", sram)):
             self.f.kv_blocks.labels(self.model, state).set(count)
 
     def speculated(self, proposed: int, accepted: int) -> None:

@@ -296,7 +296,7 @@ class Occupancy(Preemptions):
     def queued(self, waiting: int, running: int, slots: int) -> None:
         self.peak = max(self.peak, running)
 
-    def kv_blocks(self, used: int, total: int, swapped: int) -> None:
+    def kv_blocks(self, used: int, total: int, swapped: int, sram: int = 0) -> None:
         self.blocks.append((used, total, swapped))
 
 

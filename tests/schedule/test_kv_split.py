@@ -1,0 +1,90 @@
+"""A KV cache too large for SRAM under `kv_cache="auto"`: it streams from LPDDR, except the blocks
+the SRAM the weights leave can hold (`aviatorc.schedule.memory.kv_in_free_sram`).
+
+- Each decode step reads every layer's cache exactly once: what its SRAM parts hold plus what it
+  streams is the layer's bytes, no block read twice or left out.
+- The parts are whole blocks of the runtime's pool, its first ones, and the session's pool knows
+  how many of its blocks are on chip.
+- Keeping them pays: the step is faster than the same plan streaming its whole cache, and the
+  plan's bound stays below it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import aviatorc
+from aviatorc import zoo
+from aviatorc.errors import ModelFormatError
+from aviatorc.plan.ir import Load
+from aviatorc.plan.plan import Plan
+from aviatorc.runtime import Session
+from tests.zoo_fixtures import zoo_dir, zoo_onnx  # noqa: F401
+
+
+def compile_llama(zoo_onnx, **options):  # noqa: F811
+    # tiny llama on mock: 2 layers; at batch 32 x 2,048 positions its cache (8 MiB) outgrows a
+    # quarter of the SRAM, and the SRAM the weights leave holds less than half of it
+    return aviatorc.compile(str(zoo_onnx("llama")), target="mock", quant="int8", batch=32, context=2048,
+                            sweep=False, ranges=False, **options)
+
+
+def test_each_layer_reads_its_cache_once_part_from_sram_part_streamed(zoo_onnx):  # noqa: F811
+    art = compile_llama(zoo_onnx)
+    memory, program = art.plan.memory, art.plan.programs["decode"]
+    assert memory.kv_location == "lpddr" and memory.kv_sram_blocks
+    per_layer = memory.kv_bytes // len(memory.kv_layer_chiplets)
+    for layer in memory.kv_layer_chiplets:
+        in_sram = {b.chiplet: b.bytes for b in program.buffers.values() if b.kind == "kv" and b.layer == layer}
+        streamed = sum(ins.bytes for _, _, ins in program.instructions()
+                       if isinstance(ins, Load) and program.buffers[ins.buf].layer == layer)
+        assert 0 < sum(in_sram.values()) < per_layer and streamed > 0
+        assert sum(in_sram.values()) + streamed == per_layer
+        # whole blocks of the pool, on the chiplets the plan names
+        block = per_layer // memory.kv_blocks
+        assert {c: n * block for c, n in memory.kv_sram_blocks[layer].items()} == in_sram
+
+
+def test_keeping_blocks_in_sram_beats_streaming_them_all(zoo_onnx):  # noqa: F811
+    split, streamed = compile_llama(zoo_onnx), compile_llama(zoo_onnx, kv_cache="lpddr")
+    assert not streamed.plan.memory.kv_sram_blocks
+    kept = split.plan.memory.kv_sram_positions / (split.plan.memory.kv_blocks * split.plan.memory.kv_block_tokens)
+    assert 0.2 < kept < 0.8
+    ratio = split.plan.prediction.time_per_token_s / streamed.plan.prediction.time_per_token_s
+    assert ratio < 1 - kept / 2  # the streamed bytes fall by `kept`; the step by at least half as much
+    assert split.plan.prediction.bound.token_s <= split.plan.prediction.time_per_token_s
+
+
+def test_the_sessions_pool_knows_which_blocks_are_on_chip():
+    # the torch module: a graph with its KV cache as inputs, which a session pages
+    art = aviatorc.compile(zoo.build_model("llama").inner.eval(), target="mock", batch=1024, context=64, prompt=8,
+                           sweep=False, ranges=False, time_limit_s=1.0)
+    memory = art.plan.memory
+    session = Session(art, block_size=8)
+    assert session.kv.sram_blocks == memory.kv_sram_positions // 8 < session.kv.num_blocks
+    # the lowest free block goes first: a sequence's blocks are on chip while they last
+    table: list[int] = []
+    session.kv.reserve(table, 0, 8 * 3)
+    assert session.kv.used_sram_blocks == 3
+    out = session.generate(np.array([5, 9, 2]), max_new_tokens=4, eos_token_id=())
+    assert len(out) == 7 and session.kv.used_sram_blocks == 3  # its blocks were given back
+    session.kv.release(table)
+    assert session.kv.used_sram_blocks == 0
+
+
+def test_a_plan_naming_blocks_on_a_chiplet_it_lacks_is_refused(zoo_onnx, tmp_path):  # noqa: F811
+    art = compile_llama(zoo_onnx)
+    data = art.plan.to_dict()
+    layer = next(iter(data["memory"]["kv_sram_blocks"]))
+    data["memory"]["kv_sram_blocks"][layer] = {"999": 1}
+    with pytest.raises(ModelFormatError, match="kv_sram_blocks"):
+        Plan.from_dict(json.loads(json.dumps(data)))
+    data["memory"]["kv_sram_blocks"][layer] = {str(art.plan.chiplets[0]): data["memory"]["kv_blocks"] + 1}
+    with pytest.raises(ModelFormatError, match="kv_sram_blocks"):
+        Plan.from_dict(json.loads(json.dumps(data)))
+    data["schema_version"] = 8  # a field newer than the plan's schema
+    with pytest.raises(ModelFormatError, match="schema version 9 field"):
+        Plan.from_dict(json.loads(json.dumps(data)))
