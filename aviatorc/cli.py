@@ -187,7 +187,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-ranges", action="store_true",
                    help="skip re-timing the plan over the target's assumed figures (faster; no ranges in the report)")
     p.add_argument("--no-sweep", action="store_true", help="skip the batch and context sweep (faster)")
-    p.add_argument("--kv-cache", choices=KV_CACHE_CHOICES, default=DEFAULTS.kv_cache, help="where the KV cache lives")
+    p.add_argument("--kv-cache", choices=KV_CACHE_CHOICES, default=DEFAULTS.kv_cache, help="where the KV cache lives: auto keeps a small one in SRAM, and a larger one in LPDDR "
+                   "except the blocks the SRAM the weights leave can hold; sram or lpddr all of it there")
     p.add_argument("--kv-dtype", choices=KV_DTYPE_CHOICES, default=DEFAULTS.kv_dtype, help="KV cache element type")
     p.add_argument("--link-dtype", choices=LINK_DTYPE_CHOICES, default=DEFAULTS.link_dtype,
                    help="activations sent between chiplets: as computed (fp16, default) or int8 codes with an "

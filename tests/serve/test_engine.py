@@ -292,18 +292,21 @@ class Occupancy(Preemptions):
         super().__init__()
         self.peak = 0
         self.blocks: list[tuple[int, int, int]] = []
+        self.sram: list[int] = []
 
     def queued(self, waiting: int, running: int, slots: int) -> None:
         self.peak = max(self.peak, running)
 
     def kv_blocks(self, used: int, total: int, swapped: int, sram: int = 0) -> None:
         self.blocks.append((used, total, swapped))
+        self.sram.append(sram)
 
 
 def test_the_pool_of_blocks_holds_as_many_sequences_as_their_lengths_allow(artifacts):
     """32 blocks of 16 tokens: the memory of one fixed slot of the plan's 512-token context. Short
     sequences (at most 23 positions: 2 blocks) fit 16 at once there, run 4 (the plan's batch) a step."""
     paged = Session(artifacts["llama"], kv_blocks=32, max_seqs=16)
+    paged.kv.sram_blocks = 8  # as a plan keeping the pool's first 8 blocks in SRAM says
     new = 12
     reqs = [GenerationRequest(prompt=p, max_tokens=new) for p in prompts(16, seed=7)]
     observer = Occupancy()
@@ -312,6 +315,10 @@ def test_the_pool_of_blocks_holds_as_many_sequences_as_their_lengths_allow(artif
         assert request.generated == alone(paged, request.prompt, new)
     assert observer.peak == 16 and observer.swapped == []  # 16 x the one a fixed slot of that memory holds
     assert observer.blocks[-1] == (0, 32, 0)
+    # the blocks on chip are handed out first: from an empty pool, the first ones taken are all on chip
+    first = next(i for i, (used, _, _) in enumerate(observer.blocks) if used)
+    assert observer.sram[first] == min(8, observer.blocks[first][0])
+    assert max(observer.sram) == 8 and observer.sram[-1] == 0
 
 
 @pytest.mark.parametrize("swap_bytes", [4 << 30, 0])
