@@ -82,6 +82,7 @@ def compile_case(config: Path, folder: Path, cards: int, batch: int, *, prefill:
         "token_efficiency": p.efficiency, "ttft_s": p.ttft_s, "ttft_bound_s": p.bound.ttft_s,
         "ttft_binding": p.bound.ttft_binding, "ttft_efficiency": p.ttft_efficiency, "bound_cards": p.bound.cards,
         "prefill_chunks": p.prefill.chunks, "kv_location": result.plan.memory.kv_location,
+        "kv_sram_share": memory.kv_sram_positions / max(1, memory.kv_blocks * memory.kv_block_tokens),
         "streamed_bytes": result.placement.streamed_bytes, "lpddr_busy": p.decode.lpddr_busy_fraction_max,
     }
     return row | range_columns(p, {"time_per_token_s": "token", "ttft_s": "ttft"})
@@ -157,6 +158,12 @@ def ratio(a: float | None, b: float | None) -> str:
     return "-" if not a or not b else f"{a / b:.3f}"
 
 
+def kv_cell(row: dict[str, Any]) -> str:
+    """Where the KV cache lives: SRAM, or LPDDR with the share of its blocks kept in SRAM."""
+    where, share = row.get("kv_location", "?"), row.get("kv_sram_share", 0.0)
+    return f"lpddr, {share:.0%} in SRAM" if where == "lpddr" and share else where
+
+
 def render(data: dict[str, Any]) -> str:
     run = data.get("run", {})
     lines = ["## Plans against the physical bound, on the machine model (`tools/bench_plan.py`)", "",
@@ -171,19 +178,21 @@ def render(data: dict[str, Any]) -> str:
              "home's card; *prefill* says which). *Chunked* is the same model compiled with `--prefill chunked`, "
              "the prefill schedule before the weight-stationary one (each chunk streams every weight again); the "
              "default's prefill holds a layer's streamed tiles and the pass's hand-off in SRAM the weights then "
-             "lack, which the decode step pays for.", "",
+             "lack, which the decode step pays for. *KV cache*: where it lives; a cache in LPDDR keeps as many of "
+             "its blocks in SRAM as the SRAM the weights leave holds (`--kv-cache auto`), and the share says how "
+             "many.", "",
              "### Time per token (decode)", "",
              "| model | cards | batch | simulated ms | range ms | most sensitive to | bound ms | binds | efficiency | "
-             "chunked ms | default / chunked |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "KV cache | chunked ms | default / chunked |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     rows = data["rows"]
     for r in rows:
         if "refused" in r:
-            lines.append(f"| {r['model']} | {r['cards']} | {r['batch']} | refused: {r['refused']} |||||||||")
+            lines.append(f"| {r['model']} | {r['cards']} | {r['batch']} | refused: {r['refused']} ||||||||||")
             continue
         lines.append(f"| {r['model']} | {r['cards']} | {r['batch']} | {ms(r['token_s'])} | "
                      f"{ms(r.get('token_low_s'))} - {ms(r.get('token_high_s'))} | {r.get('token_sensitive') or '-'} | "
-                     f"{ms(r['token_bound_s'])} | {r['token_binding']} | {r['token_efficiency']:.3f} | "
+                     f"{ms(r['token_bound_s'])} | {r['token_binding']} | {r['token_efficiency']:.3f} | {kv_cell(r)} | "
                      f"{ms(r.get('chunked_token_s'))} | {ratio(r['token_s'], r.get('chunked_token_s'))} |")
     lines += ["", "### Time to first token (prefill)", "",
               "| model | cards | batch | prefill | simulated ms | range ms | most sensitive to | bound ms | binds | "
