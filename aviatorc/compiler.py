@@ -122,7 +122,7 @@ def plan_summary(plan: Mapping[str, Any]) -> list[str]:
         f"cold start to first token {seconds(p['cold_start_s'])}{span('cold_start_s')} (bound {seconds(bound['cold_s'])}; "
         f"{seconds(p['cold_start_naive_order_s'])} loading in name order)",
         *notes,
-        f"SRAM: KV cache {memory['kv_bytes']:,} bytes in {memory['kv_location']} ({memory['kv_dtype']}"
+        f"SRAM: KV cache {memory['kv_bytes']:,} bytes in {memory['kv_location']}{_kv_kept(memory)} ({memory['kv_dtype']}"
         + (f"; each sequence keeps its first {memory['kv_sinks']} and last {memory['kv_recent']:,} to "
            f"{2 * memory['kv_recent']:,} positions"
            if memory.get("kv_recent") else "") + "), "
@@ -539,3 +539,13 @@ def _options_dict(opts: CompileOptions) -> dict[str, Any]:
             value = value.name
         out[key] = list(value) if isinstance(value, tuple) else value
     return out
+
+
+def _kv_kept(memory: dict[str, Any]) -> str:
+    """A cache in LPDDR keeping some of its blocks in SRAM: how many (plan.json's memory section)."""
+    kept = [sum(parts.values()) for parts in memory.get("kv_sram_blocks", {}).values()]
+    if memory["kv_location"] != "lpddr" or not kept or not memory.get("kv_blocks"):
+        return ""
+    low, high = min(kept) / memory["kv_blocks"], max(kept) / memory["kv_blocks"]
+    share = f"{low:.0%}" if round(low, 2) == round(high, 2) else f"{low:.0%} to {high:.0%}"
+    return f", {share} of each layer's blocks kept in SRAM"

@@ -18,6 +18,7 @@ import pytest
 
 import aviatorc
 from aviatorc import zoo
+from aviatorc.compiler import plan_summary
 from aviatorc.errors import ModelFormatError
 from aviatorc.plan.ir import Load
 from aviatorc.plan.plan import Plan
@@ -56,6 +57,12 @@ def test_keeping_blocks_in_sram_beats_streaming_them_all(zoo_onnx):  # noqa: F81
     ratio = split.plan.prediction.time_per_token_s / streamed.plan.prediction.time_per_token_s
     assert ratio < 1 - kept / 2  # the streamed bytes fall by `kept`; the step by at least half as much
     assert split.plan.prediction.bound.token_s <= split.plan.prediction.time_per_token_s
+    # the compile's summary says so, from plan.json's memory section
+    lines = [line for line in plan_summary(split.plan.to_dict()) if line.startswith("SRAM: KV cache")]
+    per_layer = [n / split.plan.memory.kv_blocks for n in
+                 (sum(parts.values()) for parts in split.plan.memory.kv_sram_blocks.values())]
+    assert f"in lpddr, {min(per_layer):.0%}" in lines[0] and "of each layer's blocks kept in SRAM" in lines[0]
+    assert not any("kept in SRAM" in line for line in plan_summary(streamed.plan.to_dict()))
 
 
 def test_the_sessions_pool_knows_which_blocks_are_on_chip():
