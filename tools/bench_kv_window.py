@@ -62,7 +62,9 @@ def plan_rows() -> list[dict[str, Any]]:
                 plan = result.plan
                 rows.append({"recent": recent, "context": context, "token_s": plan.prediction.time_per_token_s,
                              "bound_s": plan.prediction.bound.token_s, "kv_bytes": plan.memory.kv_bytes,
-                             "kv_location": plan.memory.kv_location})
+                             "kv_location": plan.memory.kv_location,
+                             "kv_sram_share": plan.memory.kv_sram_positions / max(1, plan.memory.kv_blocks
+                                                                                  * plan.memory.kv_block_tokens)})
                 print(f"  recent {recent} context {context}: {rows[-1]['token_s'] * 1e3:.3f} ms/token, "
                       f"KV {rows[-1]['kv_bytes']:,} B in {rows[-1]['kv_location']}", flush=True)
     return rows
@@ -116,18 +118,25 @@ def _window(recent: int | None) -> str:
     return "every position" if recent is None else f"S {SINKS} + N {recent:,}"
 
 
+def _place(row: dict[str, Any]) -> str:
+    """Where the cache lives: SRAM, or LPDDR with the share of its blocks the plan keeps in SRAM."""
+    share = row.get("kv_sram_share", 0.0)
+    return f"lpddr, {share:.0%} in SRAM" if row["kv_location"] == "lpddr" and share else row["kv_location"]
+
+
 def render(data: dict[str, Any]) -> str:
     lines = ["# bench_kv_window: a bounded KV cache for long contexts", "",
              f"Produced by `python tools/bench_kv_window.py`; run: {data['run']}. `--kv-recent N --kv-sinks S`: a "
              "sequence keeps its first S positions (attention sinks) and its last N to 2N, evicted N at a time; "
-             "the plan sizes and times the cache at S + 2N.", "",
+             "the plan sizes and times the cache at S + 2N. A cache in LPDDR keeps as many of its blocks in SRAM "
+             "as the SRAM the weights leave holds (`--kv-cache auto`).", "",
              "## The plan: Llama-3-8B shapes (128k positions), INT4, int8 KV, `corsair`, batch 1", "",
              "| cache | " + " | ".join(f"context {c:,}" for c in CONTEXTS) + " | spread |",
              "|---|" + "---:|" * (len(CONTEXTS) + 1)]
     for recent in sorted({r["recent"] for r in data["plans"]}, key=lambda r: -1 if r is None else r):
         rows = [r for r in data["plans"] if r["recent"] == recent]
         times = [r["token_s"] for r in rows]
-        cells = [f"{r['token_s'] * 1e3:.3f} ms ({r['kv_bytes'] / 2**20:,.0f} MiB, {r['kv_location']})" for r in rows]
+        cells = [f"{r['token_s'] * 1e3:.3f} ms ({r['kv_bytes'] / 2**20:,.0f} MiB, {_place(r)})" for r in rows]
         lines.append(f"| {_window(recent)} | " + " | ".join(cells) + f" | {(max(times) / min(times) - 1) * 100:+.1f}% |")
     acc = data["accuracy"]
     full = next(r for r in acc if r["recent"] is None)
