@@ -217,23 +217,23 @@ class _Builder:
         reads = [(c, nbytes, False) for c, nbytes in sorted(kv.sram_parts(layer).items(), key=lambda p: p[0] == home)]
         streamed = kv.streamed_bytes(layer)
         chunks = math.ceil(streamed / kv.chunk_bytes) if streamed else 0
-        # a layer whose chunks are fewer than the chiplets starts where the layers before it left off
-        start = self.chiplets.index(home) + (self.kv_offsets[layer] if chunks < len(self.chiplets) else 0)
+        start = self.chiplets.index(home) + self.kv_offsets.get(layer, 0)
         where = [self.chiplets[(start + 1 + i) % len(self.chiplets)] for i in range(chunks - 1)] + [home] * (chunks > 0)
         return reads + [(c, min(kv.chunk_bytes, streamed - i * kv.chunk_bytes), True) for i, c in enumerate(where)]
 
     def _kv_offsets(self) -> dict[int, int]:
-        """Layer -> how far past its home its streamed KV chunks start when they are fewer than the
-        chiplets: the chunks of the layers before it, so that the chunks of every layer together go
-        round the chiplets' channels evenly. (Each layer starting just past its home, a cache
-        mostly kept in SRAM streamed its few chunks from the channels beside the homes only:
-        Llama-3-8B INT4 x4 at batch 16, 2.00 against 1.70 ms a token. A layer with a chunk for
-        every chiplet covers them all anyway, and shifted it cost Llama-3-8B x1 at batch 16 6%.)"""
+        """Layer -> how far past its home the streamed chunks of a cache kept partly in SRAM start,
+        where they are fewer than the chiplets: past the chunks of the layers before it, so that
+        together they go round the chiplets' channels evenly. (Each starting just past its home,
+        the few chunks left streamed all came from the channels beside the homes: Llama-3-8B INT4
+        x4 at batch 16, 2.00 against 1.70 ms a token. Where the whole cache streams, shifting the
+        chunks off their home's neighbours cost Llama-3-8B x1 at batch 16 6%, Llama-3-70B x1 0.7%.)"""
         kv, offsets, total = self.memory.kv, {}, 0
-        for layer in sorted(kv.bytes_per_layer):
-            offsets[layer] = total
-            streamed = kv.streamed_bytes(layer)
-            total += max(0, math.ceil(streamed / kv.chunk_bytes) - 1) if streamed else 0
+        for layer in sorted(kv.sram_blocks):
+            chunks = math.ceil(kv.streamed_bytes(layer) / max(1, kv.chunk_bytes))
+            if 0 < chunks < len(self.chiplets):
+                offsets[layer] = total
+                total += chunks - 1
         return offsets
 
     def kv_buffer(self, layer: int, chiplet: int) -> str:

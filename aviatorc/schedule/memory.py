@@ -538,19 +538,22 @@ def kv_in_free_sram(memory: MemoryPlan, placement: Placement, target: Target, ch
     free = {c: sram - placement.chiplet_bytes[c] - memory.reserve_bytes[c] for c in chiplets}
     need = {layer: kv.blocks for layer, nbytes in kv.bytes_per_layer.items() if nbytes}
     size = {layer: kv.block_bytes(layer) for layer in need}
+    # A new part smaller than a streamed chunk saves no load, only adds a part to collect.
+    least = {layer: -(-kv.chunk_bytes // size[layer]) for layer in need}
     blocks: dict[int, dict[int, int]] = {}
     while need:
         for layer in sorted(need):
             home = kv.chiplet_of_layer[layer]
             card = target.card_of(home)
-            roomy = [c for c in free if free[c] >= size[layer]]
+            held = blocks.get(layer, {})
+            roomy = [c for c in free if free[c] >= (1 if c in held else min(least[layer], need[layer])) * size[layer]]
             if not roomy:
                 del need[layer]
                 continue
             c = min(roomy, key=lambda c: (c != home, target.card_of(c) != card, -free[c], c))
-            count = min(need[layer], KV_SRAM_ROUND, free[c] // size[layer])
-            blocks.setdefault(layer, {})
-            blocks[layer][c] = blocks[layer].get(c, 0) + count
+            turn = KV_SRAM_ROUND if c in held else max(KV_SRAM_ROUND, least[layer])
+            count = min(need[layer], turn, free[c] // size[layer])
+            blocks[layer] = held | {c: held.get(c, 0) + count}
             free[c] -= count * size[layer]
             need[layer] -= count
             if not need[layer]:
