@@ -559,6 +559,15 @@ def kv_in_free_sram(memory: MemoryPlan, placement: Placement, target: Target, ch
             if not need[layer]:
                 del need[layer]
     kv = replace(kv, sram_blocks=blocks)
+    for layer, parts in blocks.items():
+        # The attention completes where its last part is read: at home. A cache kept whole in SRAM
+        # away from its home streams its last blocks instead, whose chunk is read at home.
+        while parts and kv.chiplet_of_layer[layer] not in parts and not kv.streamed_bytes(layer):
+            last = max(parts)
+            parts[last] -= 1
+            if not parts[last]:
+                del parts[last]
+    kv = replace(kv, sram_blocks={layer: parts for layer, parts in blocks.items() if parts})
     reserve = list(memory.reserve_bytes)
     for layer in blocks:
         for c, nbytes in kv.sram_parts(layer).items():

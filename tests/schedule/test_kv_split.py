@@ -12,6 +12,7 @@ the SRAM the weights leave can hold (`aviatorc.schedule.memory.kv_in_free_sram`)
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -23,6 +24,8 @@ from aviatorc.errors import ModelFormatError
 from aviatorc.plan.ir import Load
 from aviatorc.plan.plan import Plan
 from aviatorc.runtime import Session
+from aviatorc.schedule.memory import KVPlan, MemoryPlan, kv_in_free_sram
+from aviatorc.target import load_target
 from tests.zoo_fixtures import zoo_dir, zoo_onnx  # noqa: F401
 
 
@@ -95,3 +98,24 @@ def test_a_plan_naming_blocks_on_a_chiplet_it_lacks_is_refused(zoo_onnx, tmp_pat
     data["schema_version"] = 8  # a field newer than the plan's schema
     with pytest.raises(ModelFormatError, match="schema version 9 field"):
         Plan.from_dict(json.loads(json.dumps(data)))
+
+
+@pytest.mark.parametrize("home_room", [0, 64 << 10])
+def test_the_attention_completes_at_home(home_room):
+    """The decode step's attention ends where its last part is read, at the layer's home: a cache
+    that would be kept whole in SRAM away from a home with no room streams its last block (read at
+    home); with room at home it keeps its last part there."""
+    target = load_target("mock")  # 4 chiplets of 1 MiB
+    sram = target.chiplet.sram_bytes
+    kv = KVPlan(dtype="fp16", location="lpddr", bytes_per_layer={0: 256 << 10}, chiplet_of_layer={0: 0},
+                chunk_bytes=16 << 10, tokens=512, batch=2, block_tokens=16, free_sram=True)  # 64 blocks of 4 KiB
+    memory = MemoryPlan(kv=kv, scratch_bytes=0, prefill_chunk_tokens=8, staging_bytes=0, stage_chunk_bytes=16 << 10,
+                        reserve_bytes=(sram - home_room, 0, 0, 0))
+    placed = SimpleNamespace(chiplet_bytes=(0, sram - (512 << 10), sram, sram))  # chiplet 1: 512 KiB free
+    settled = kv_in_free_sram(memory, placed, target, range(4)).kv  # type: ignore[arg-type]
+    parts = settled.sram_parts(0)
+    if home_room:
+        assert 0 in parts and settled.streamed_bytes(0) == 0 and sum(parts.values()) == 256 << 10
+    else:
+        assert set(parts) == {1} and settled.streamed_bytes(0) == settled.block_bytes(0)  # one block streams
+    assert all(c in (0, 1) for c in parts)  # chiplets 2 and 3 have no room
