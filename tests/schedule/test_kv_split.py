@@ -70,9 +70,15 @@ def test_keeping_blocks_in_sram_beats_streaming_them_all(zoo_onnx):  # noqa: F81
 
 def test_the_sessions_pool_knows_which_blocks_are_on_chip():
     # the torch module: a graph with its KV cache as inputs, which a session pages
-    art = aviatorc.compile(zoo.build_model("llama").inner.eval(), target="mock", batch=1024, context=64, prompt=8,
-                           sweep=False, ranges=False, time_limit_s=1.0)
+    model = zoo.build_model("llama").inner.eval()
+    art, streamed = (aviatorc.compile(model, target="mock", batch=1024, context=64, prompt=8, sweep=False, ranges=False,
+                                      time_limit_s=1.0, kv_cache=kv) for kv in ("auto", "lpddr"))
     memory = art.plan.memory
+    # parts away from the layers' homes too; the sim backend runs the program's reads as planned
+    assert any(set(parts) - {memory.kv_layer_chiplets[layer]} for layer, parts in memory.kv_sram_blocks.items())
+    prompt = np.array([5, 9, 2])
+    assert list(Session(art).generate(prompt, max_new_tokens=6, eos_token_id=())) == list(
+        Session(streamed).generate(prompt, max_new_tokens=6, eos_token_id=()))
     session = Session(art, block_size=8)
     assert session.kv.sram_blocks == memory.kv_sram_positions // 8 < session.kv.num_blocks
     # the lowest free block goes first: a sequence's blocks are on chip while they last
