@@ -517,7 +517,7 @@ def kv_beside_weights(memory: MemoryPlan, placement: Placement, facts: ModelFact
 def settle_kv(memory: MemoryPlan, placement: Placement, facts: ModelFacts, target: Target,
               chiplets: Sequence[int]) -> MemoryPlan:
     """The KV caches once the weights are placed: beside their weights (`kv_beside_weights`), then
-    what SRAM the weights left on each home holding a share of a streamed cache (`kv_in_free_sram`)."""
+    a streamed cache's blocks in the SRAM the weights left (`kv_in_free_sram`)."""
     return kv_in_free_sram(kv_beside_weights(memory, placement, facts, target), placement, target, chiplets)
 
 
