@@ -203,7 +203,8 @@ def _parser() -> argparse.ArgumentParser:
                         "pipelined does too with each layer on its home's card, reading copies of its weights from "
                         "that card's LPDDR so that the prompt's activations stay on the card (large prompts over "
                         "several cards); chunked re-streams the weights per chunk and leaves the decode step more "
-                        "SRAM; auto (default) takes pipelined where it is estimated to pay, else stationary")
+                        "SRAM; auto (default) takes pipelined where the prefill and the decode steps up to --context "
+                        "are estimated to take less time with it, else stationary")
     p.add_argument("--lora-rank", type=int, default=DEFAULTS.lora_rank, metavar="R",
                    help="reserve SRAM beside the weights for LoRA adapters of rank up to R, and count their work in "
                         "the prediction (aviatorc serve --lora); default: none")

@@ -334,7 +334,7 @@ def _place_and_schedule(graph: Graph, target: Any, opts: CompileOptions, time_li
                           "positions after an evicted one would move", hint="compile without --kv-recent")
     window = None if opts.kv_recent is None else KVWindow(opts.kv_sinks, opts.kv_recent)
     memory = plan_memory(facts, tiles, target, workload, chiplets=allowed, kv=opts.kv_cache, kv_dtype=opts.kv_dtype,
-                         kv_window=window, prefill=opts.prefill, link_dtype=opts.link_dtype)
+                         kv_window=window, prefill=opts.prefill, link_dtype=opts.link_dtype, routing=routing)
     estimate = estimate_plan(memory, report.data["weights"]["total_bytes"])
     _logger.info(f"KV cache {estimate.kv_bytes:,} bytes in {estimate.kv_location}; the plan streams it in about "
                  f"{estimate.instructions:,} instructions per decode step")

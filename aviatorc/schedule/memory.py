@@ -34,7 +34,8 @@ in what is really left (`reserve_bytes`, one figure per chiplet):
   activations cross cards only where the homes change card, and the cards work in turn; a
   chiplet then stages its card's share of a layer, so a decode step keeps less resident. It pays
   when a pass's activations are large (a large batch of prompts over several cards), and `"auto"`
-  (the default) takes it where `_pipelined_pays` estimates it does. `"chunked"` is the schedule
+  (the default) takes it where `_auto_prefill` estimates that the workload's prefill and decode
+  steps up to the context take less time with it. `"chunked"` is the schedule
   main had: chunks of one block each, every chunk streaming every weight again, with no SRAM
   beyond the decode step's taken from the weights.
 - Staging: a streamed tile (or KV block) is loaded in chunks of at most `stage_chunk_bytes`
@@ -58,6 +59,7 @@ from aviatorc.partition.placement import Placement
 from aviatorc.partition.tiling import Tile, lora_reachable
 from aviatorc.plan.ir import Workload
 from aviatorc.plan.plan import KVWindow, MemoryFigures, kv_pool_blocks
+from aviatorc.routing import Routing
 from aviatorc.schedule.model import ModelFacts, layer_runs
 from aviatorc.target import Target
 
@@ -80,9 +82,8 @@ STAGING_DEPTH = 2  # chunks in flight per chiplet: double buffering
 # Layer homes go on the fewest cards whose SRAM holds the weights and the caches at this fill:
 # a layer boundary between cards is a card-to-card hand-off every step.
 HOME_CARDS_FILL = 0.85
-# Auto takes the pipelined prefill where its estimate is this many times below the stationary one's:
-# the estimates leave out a card's own transfers and the decode step the pipelined prefill's
-# staging costs. Llama-3-70B on 8 cards at batch 1, estimated 62.8 against 80.6 ms, simulated at
+# Auto takes the pipelined prefill where its estimate is this many times below the stationary one's
+# (after the decode steps its staging costs): the estimates leave out a card's own transfers. Llama-3-70B on 8 cards at batch 1, estimated 62.8 against 80.6 ms, simulated at
 # 56.4 against 52.4 ms, with a decode step 13% slower; at batch 16 on 4 cards, 77 against 633 ms
 # estimated, 186 against 471 ms simulated.
 PIPELINED_MARGIN = 2.0
@@ -194,7 +195,9 @@ def kv_bytes_per_token(width: int, dtype: str) -> float:
 
 def plan_memory(facts: ModelFacts, tiles: Sequence[Tile], target: Target, workload: Workload, *,
                 chiplets: Sequence[int], kv: str = "auto", kv_dtype: str = "fp16",
-                kv_window: KVWindow | None = None, prefill: str = "stationary", link_dtype: str = "fp16") -> MemoryPlan:
+                kv_window: KVWindow | None = None, prefill: str = "stationary", link_dtype: str = "fp16",
+                routing: Routing | None = None) -> MemoryPlan:
+    """`routing`: a mixture of experts' (`aviatorc.routing`), which `prefill="auto"` weighs by."""
     if kv not in KV_MODES:
         raise OptionError(f"unknown KV placement '{kv}'", hint=f"choose one of {', '.join(KV_MODES)}")
     if prefill not in PREFILL_SCHEDULES:
@@ -203,13 +206,8 @@ def plan_memory(facts: ModelFacts, tiles: Sequence[Tile], target: Target, worklo
         raise OptionError(f"batch, context and prompt must be positive (batch={workload.batch}, "
                           f"context={workload.context}, prompt={workload.prompt})")
     if prefill == "auto":
-        if _pipelined_pays(facts, tiles, target, workload, chiplets, link_dtype):
-            try:
-                return plan_memory(facts, tiles, target, workload, chiplets=chiplets, kv=kv, kv_dtype=kv_dtype,
-                                   kv_window=kv_window, prefill="pipelined", link_dtype=link_dtype)
-            except InfeasibleError:
-                pass  # a card's share of a layer does not fit beside the caches: the stationary prefill may
-        prefill = "stationary"
+        return _auto_prefill(facts, tiles, target, workload, chiplets=chiplets, kv=kv, kv_dtype=kv_dtype,
+                             kv_window=kv_window, link_dtype=link_dtype, routing=routing)
     decode_peak = activation_peak_bytes(facts, target, workload.tokens("decode"), workload.outputs())
     budget = max(decode_peak, int(PREFILL_SCRATCH_SHARE * target.chiplet.sram_bytes))
     # The stationary prefill's blocks run as a wavefront, PREFILL_BLOCKS_IN_FLIGHT at a time (build.py).
@@ -309,37 +307,97 @@ def prefill_hold_bytes(facts: ModelFacts, target: Target, pass_tokens: int, bloc
     return math.ceil(whole * min(1.0, 2 * math.ceil(blocks / max(1, ring)) / blocks))
 
 
-def _pipelined_pays(facts: ModelFacts, tiles: Sequence[Tile], target: Target, workload: Workload,
-                    chiplets: Sequence[int], link_dtype: str = "fp16") -> bool:
-    """Whether a pipelined prefill should take less time than a stationary one, estimated before
-    placement from what binds each. Stationary: a layer's weights are spread over every card, so
-    each weight node's input goes from its layer's home card to the others and its output comes
-    back, one layer after another (`_card_crossing_s`), while every channel streams at once.
-    Pipelined: the cards stream their layers' share from their own channels in turn. Both stream
-    what SRAM cannot hold; with nothing streamed there is nothing to copy. Pipelined must win by
-    `PIPELINED_MARGIN`."""
+def _auto_prefill(facts: ModelFacts, tiles: Sequence[Tile], target: Target, workload: Workload, *,
+                  chiplets: Sequence[int], kv: str, kv_dtype: str, kv_window: KVWindow | None, link_dtype: str,
+                  routing: Routing | None) -> MemoryPlan:
+    """The stationary prefill's memory plan, or the pipelined one's where it should serve the
+    workload sooner: its prefill estimated `PIPELINED_MARGIN` times faster than the stationary
+    one's (`_prefill_estimates_s`) by more than the decode steps up to the context lose to its
+    larger staging (`_decode_loss_s`). So auto weighs the compiled workload's whole time, a
+    prefill and context - prompt decode steps: at context 2048 and prompt 128 a decode step
+    0.8 ms slower (Llama-3-70B x4, batch 16) costs 1.5 s, five times the 288 ms the pipelined
+    prefill saves. `--prefill pipelined` takes it whatever the decode step pays."""
+    def memory_for(prefill: str) -> MemoryPlan:
+        return plan_memory(facts, tiles, target, workload, chiplets=chiplets, kv=kv, kv_dtype=kv_dtype,
+                           kv_window=kv_window, prefill=prefill, link_dtype=link_dtype)
+
+    stationary = memory_for("stationary")
+    estimates = _prefill_estimates_s(facts, tiles, target, workload, chiplets, link_dtype, routing)
+    if estimates is None or PIPELINED_MARGIN * estimates[1] >= estimates[0]:
+        return stationary
+    try:
+        pipelined = memory_for("pipelined")
+    except InfeasibleError:
+        return stationary  # a card's share of a layer does not fit beside the caches
+    held = sum(pipelined.reserve_bytes) - sum(stationary.reserve_bytes)
+    lost_s = max(1, workload.context - workload.prompt) * _decode_loss_s(tiles, held, target, workload, chiplets, routing)
+    return pipelined if PIPELINED_MARGIN * estimates[1] + lost_s < estimates[0] else stationary
+
+
+def _prefill_estimates_s(facts: ModelFacts, tiles: Sequence[Tile], target: Target, workload: Workload,
+                         chiplets: Sequence[int], link_dtype: str, routing: Routing | None) -> tuple[float, float] | None:
+    """A stationary and a pipelined prefill's seconds, estimated before placement from what binds
+    each; None where the pipelined one has nothing to gain (one card, or nothing streamed: nothing
+    to copy). Stationary: a layer's weights are spread over every card, so each weight node's
+    input goes from its layer's home card to the others and its output comes back, one layer
+    after another (`_card_crossing_s`), while every channel streams at once. Pipelined: the cards
+    stream their layers' share from their own channels in turn."""
     cards = len({target.card_of(c) for c in chiplets})
-    stored = sum(t.storage_bytes for t in tiles)
-    streamed = stored - HOME_CARDS_FILL * target.chiplet.sram_bytes * len(chiplets)
+    streamed = _streamed_bytes(tiles, target, chiplets)
     if cards < 2 or streamed <= 0:
-        return False
+        return None
     spread_s = streamed / (len({target.channel_of(c) for c in chiplets}) * target.channel_bytes_per_s)
-    stationary_s = max(spread_s, _card_crossing_s(facts, target, workload.tokens("prefill"), cards, link_dtype))
-    return PIPELINED_MARGIN * cards * spread_s < stationary_s
+    crossing_s = _card_crossing_s(facts, target, workload.tokens("prefill"), cards, link_dtype, routing)
+    return max(spread_s, crossing_s), cards * spread_s
 
 
-def _card_crossing_s(facts: ModelFacts, target: Target, tokens: int, cards: int, link_dtype: str = "fp16") -> float:
+def _streamed_bytes(tiles: Sequence[Tile], target: Target, chiplets: Sequence[int]) -> float:
+    """The weight bytes SRAM cannot hold, estimated before placement (negative: room to spare)."""
+    return sum(t.storage_bytes for t in tiles) - HOME_CARDS_FILL * target.chiplet.sram_bytes * len(chiplets)
+
+
+def _decode_loss_s(tiles: Sequence[Tile], held: int, target: Target, workload: Workload, chiplets: Sequence[int],
+                   routing: Routing | None) -> float:
+    """What a decode step loses when `held` more bytes of SRAM are kept from the weights of a
+    model that already streams: the coldest tiles still resident (an expert by the probability
+    that a step's tokens fire it; the partitioner streams the coldest first) stream too, each
+    read when it fires."""
+    if held <= 0:
+        return 0.0
+    tokens = workload.tokens("decode")
+
+    def fires(tile: Tile) -> float:
+        block = routing.of_layer(tile.layer) if routing is not None and tile.expert >= 0 else None
+        return block.fires(tile.expert, tokens) if block is not None else 1.0
+
+    start, stop = max(0.0, _streamed_bytes(tiles, target, chiplets)), 0.0
+    read = 0.0
+    for tile in sorted(tiles, key=fires):  # stable: equal odds keep the tiles' order
+        lo, hi = stop, stop + tile.storage_bytes
+        stop = hi
+        overlap = min(hi, start + held) - max(lo, start)
+        if overlap > 0:
+            read += overlap * fires(tile)
+    return read / (len({target.channel_of(c) for c in chiplets}) * target.channel_bytes_per_s)
+
+
+def _card_crossing_s(facts: ModelFacts, target: Target, tokens: int, cards: int, link_dtype: str = "fp16",
+                     routing: Routing | None = None) -> float:
     """A pass's activations between cards when every weight is spread over `cards` cards: each
     weight node's input broadcast to the other cards, its output gathered back from them, through
-    one card-to-card port at a time (a byte an element with `--link-dtype int8`)."""
+    one card-to-card port at a time (a byte an element with `--link-dtype int8`); an expert's on
+    the tokens routed to it."""
     elements = 0.0
     for name in facts.uses:
         node = facts.node(name)
         source = node.inputs[0]
         if source is None or node.op == "Gather" or any(out.name in facts.outputs for out in node.outputs):
             continue  # lookups and the output head (each sequence's last token) move little
-        elements += (facts.elements_per_token(source.name) * (cards - 1)
-                     + facts.elements_per_token(node.outputs[0].name) * (cards - 1) / cards)
+        block = (routing.of_layer(facts.layer_of_node[name])
+                 if routing is not None and name in facts.expert_of and name in facts.layer_of_node else None)
+        share = block.shares[facts.expert_of[name]] if block is not None else 1.0
+        elements += share * (facts.elements_per_token(source.name) * (cards - 1)
+                             + facts.elements_per_token(node.outputs[0].name) * (cards - 1) / cards)
     element = 1 if link_dtype == "int8" else target.activation_bytes_per_element
     return target.links[2].transfer_s(elements * tokens * element)
 

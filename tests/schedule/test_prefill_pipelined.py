@@ -1,6 +1,7 @@
 """The pipelined prefill (aviatorc/schedule/memory.py: `prefill_copies`): on a plan over several
 cards, each layer's prefill runs on its home's card, reading its streamed tiles from a copy in
-that card's LPDDR, so a pass's activations stay on the card; `auto` takes it where it pays.
+that card's LPDDR, so a pass's activations stay on the card; `auto` takes it where the workload's
+prefill and decode steps take less time with it.
 
 One shape-only Llama-like config (4 layers, hidden 2048) on 8 chiplets of a 2-card `corsair` (4 a
 card) with 12 MiB of SRAM each, so that most of its weights stream; every figure comes from the
@@ -57,16 +58,30 @@ def card_bytes(program: Program, target: Any) -> int:
                if isinstance(ins, Send) and target.card_of(c) != target.card_of(ins.to))
 
 
-def test_auto_takes_the_faster_prefill(plans):
+def whole_s(result: aviatorc.CompileResult) -> float:
+    """The compiled workload's time: its prefill, then decode steps up to the context."""
+    p, load = result.plan.prediction, result.plan.workload
+    return p.ttft_s + (load.context - load.prompt) * p.time_per_token_s
+
+
+def test_auto_takes_the_prefill_that_serves_the_workload_sooner(plans, setup):
     """16 prompts of 128 tokens: the pipelined prefill's TTFT is measurably lower (simulated, in one
-    compile each) and auto takes it; one prompt: its cards in turn cost more than the few
-    activations it saves, and auto keeps the stationary one."""
+    compile each), but its staging slows each decode step, and the 384 steps up to the context
+    cost more than it saves: auto keeps the stationary prefill. Compiled for 16 steps past the
+    prompt, the pipelined prefill serves the workload sooner and auto takes it. One prompt: its
+    cards in turn cost more than the few activations it saves."""
     ttft = {key: result.plan.prediction.ttft_s for key, result in plans.items()}
     assert ttft[(16, "pipelined")] < 0.85 * ttft[(16, "stationary")]
     assert ttft[(1, "pipelined")] > ttft[(1, "stationary")]
-    for batch in (1, 16):
-        assert ttft[(batch, "auto")] == min(ttft[(batch, "stationary")], ttft[(batch, "pipelined")])
-    assert plans[(16, "auto")].plan.memory.prefill_copies and not plans[(1, "auto")].plan.memory.prefill_copies
+    token = {key: result.plan.prediction.time_per_token_s for key, result in plans.items()}
+    assert token[(16, "pipelined")] > 1.05 * token[(16, "stationary")]
+    short = {schedule: aviatorc.compile(str(setup[0]), target=str(setup[1]), quant="int4", batch=16, context=144,
+                                        prompt=128, chiplets=CHIPLETS, sweep=False, ranges=False, prefill=schedule,
+                                        kv_cache="lpddr") for schedule in ("auto", "stationary", "pipelined")}
+    for compiled in [{s: plans[(batch, s)] for s in ("auto", "stationary", "pipelined")} for batch in (1, 16)] + [short]:
+        assert whole_s(compiled["auto"]) == min(whole_s(compiled["stationary"]), whole_s(compiled["pipelined"]))
+    assert short["auto"].plan.memory.prefill_copies
+    assert not plans[(16, "auto")].plan.memory.prefill_copies and not plans[(1, "auto")].plan.memory.prefill_copies
 
 
 def test_auto_falls_back_to_the_stationary_prefill_where_the_pipelined_one_cannot_fit(setup, tmp_path, monkeypatch):

@@ -375,3 +375,22 @@ def test_a_routing_file_with_co_activation_plans_with_it_and_reports_it(config, 
     again = aviatorc.compile(str(config), target=load_target("mock", overrides=TIGHT), routing=str(again_path),
                              **WORKLOAD)
     assert again.plan.prediction.routing.mean_s == result.plan.prediction.routing.mean_s
+
+
+def test_the_prefill_estimate_counts_an_experts_activations_on_its_routed_tokens(compiled):
+    """Auto's choice of prefill (`memory._card_crossing_s`): the activations a stationary prefill
+    sends between cards are, for an expert's nodes, those of the tokens routed to it. With every
+    share 0 only the dense nodes remain; uniform top-2 of 8 adds a quarter of what the experts
+    would send if every token reached every expert (the estimate before: gpt-oss-120b x4 at batch
+    16 took the pipelined prefill, 6x slower to the first token than the stationary one)."""
+    from aviatorc.routing import BlockRouting, Routing
+    from aviatorc.schedule.memory import _card_crossing_s
+
+    facts = model_facts(compiled.graph, compiled.placement.tiles)
+    target = load_target("corsair", cards=2)
+    uniform = routing_for("uniform", moe_blocks(compiled.graph, weights_from_graph(compiled.graph)))
+    silent = Routing("none", tuple(BlockRouting(b.layer, b.top_k, (0.0,) * b.experts) for b in uniform.blocks))
+    every, routed, dense = (_card_crossing_s(facts, target, 256, 2, routing=r) for r in (None, uniform, silent))
+    assert {b.top_k / b.experts for b in uniform.blocks} == {0.25}
+    assert every > routed > dense > 0
+    assert routed - dense == pytest.approx(0.25 * (every - dense), rel=1e-9)
