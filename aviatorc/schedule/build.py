@@ -88,9 +88,6 @@ class _Staged:
     expert: tuple[int, int] | None = None  # (layer, expert) of a routed expert's tile: loaded on demand
 
 
-WAVEFRONT_LAG = 0.5  # of a run's nodes: how far one block is ahead of the next (2 blocks in flight)
-
-
 def resident_buffer(tile: int) -> str:
     return f"w.t{tile}"
 
@@ -586,9 +583,10 @@ def _with_loads(entries: list[Instruction | _Staged], budget: int) -> list[Instr
 
 
 def _wavefront(nodes: int, blocks: int) -> list[tuple[int, int, int]]:
-    """The order a run's (block, node) pairs are emitted in: block b + 1 starts its first node when
-    block b is `LAG` of the way through the run, so at most 1 / LAG blocks are in flight and each
-    stream's next block overlaps the previous one's wait on others. Within a block the nodes keep
-    their order, and a block's node comes after the previous block's: still one global order."""
-    lag = max(1, math.ceil(nodes * WAVEFRONT_LAG))
-    return sorted((index + block * lag, block, index) for block in range(blocks) for index in range(nodes))
+    """The order a run's (block, node) pairs are emitted in: a diagonal wavefront, each block one
+    node behind the one before it, so every block is in flight and each stream's next block
+    overlaps the previous one's wait on others. Within a block the nodes keep their order, and a
+    block's node comes after the previous block's: still one global order. Each block half a run
+    behind the one before (2 in flight) took 34.5 ms to Llama-3-8B's first tokens at batch 16 on 4
+    cards, 465 ms to Llama-3-70B's; one node behind, 23.5 and 400 ms, the program no longer."""
+    return sorted((index + block, block, index) for block in range(blocks) for index in range(nodes))

@@ -72,8 +72,8 @@ PREFILL_SCRATCH_SHARE = 1 / 32  # of a chiplet's SRAM: a prefill block's activat
 PREFILL_HOLD_SHARE = 1 / 8  # of a chiplet's SRAM: a chiplet's share of a pass's hand-off between layers
 PREFILL_STAGING_LAYERS = 1.0  # a layer's streamed tiles, held for its blocks (1.5 gained 0.3% TTFT on Llama-3-8B)
 PREFILL_SCHEDULES = ("auto", "stationary", "pipelined", "chunked")
-PREFILL_BLOCKS_IN_FLIGHT = 2  # a stationary pass's blocks in flight at once (build.WAVEFRONT_LAG = 1/2)
 PIPELINE_BLOCKS = 4  # a prefill pass's blocks in the program (more: finer overlap, a longer program)
+PREFILL_BLOCKS_IN_FLIGHT = PIPELINE_BLOCKS  # every block of a pass at once (build._wavefront)
 # ... of at least this many tokens: on Llama-3-70B x4 at batch 1 (128 prompt tokens) 1, 2 and 4 blocks
 # gave a TTFT of 38.4, 37.5 and 39.6 ms, and each block adds a copy of the pass to plan.json.
 PIPELINE_BLOCK_TOKENS = 256
