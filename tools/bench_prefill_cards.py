@@ -13,13 +13,15 @@ batch 1 also the pipelined plan that auto turned down; and the default with `--l
 (activations between chiplets at 8 bits: its accuracy cost is measured in
 tests/runtime/test_link_int8.py).
 
-    python tools/bench_prefill_cards.py      # about 15 minutes on 2 cores
+    python tools/bench_prefill_cards.py           # about 15 minutes on 2 cores
+    python tools/bench_prefill_cards.py --render  # the page again from its saved JSON
 
 Writes `tools/results/bench_prefill_cards.{json,md}`; `python tools/update_benchmarks.py` puts it in BENCHMARKS.md.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import tempfile
@@ -50,7 +52,12 @@ def compile_case(config: Path, folder: Path, cards: int, batch: int, prefill: st
             "compile_s": time.perf_counter() - started}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--render", action="store_true", help="rewrite the page from the saved JSON")
+    if parser.parse_args(argv).render:
+        RESULTS.write_text(render(json.loads(RESULTS.with_suffix(".json").read_text())))
+        return 0
     data: dict[str, Any] = {"rows": [], "run": describe_run()}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
