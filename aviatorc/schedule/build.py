@@ -326,9 +326,8 @@ class _Builder:
         resident: list[list[Node]] = []
 
         def flush() -> None:
-            cards = {self.target.card_of(self.homes[self.facts.layer_of_node[node.name]]) for run in resident
-                     for node in run if self.facts.layer_of_node[node.name] in self.homes}
-            if len(cards) > 1:
+            layers = {self.facts.layer_of_node[node.name] for run in resident for node in run}
+            if len({self.target.card_of(self.homes[layer]) for layer in layers if layer in self.homes}) > 1:
                 stage = [node for run in resident for node in run]
                 stages.append((stage, max(1, round(len(stage) * RESIDENT_LAG))))
             else:  # one card's chiplets serve every layer's blocks: in step they overlap best

@@ -83,9 +83,10 @@ STAGING_DEPTH = 2  # chunks in flight per chiplet: double buffering
 # a layer boundary between cards is a card-to-card hand-off every step.
 HOME_CARDS_FILL = 0.85
 # Auto takes the pipelined prefill where its estimate is this many times below the stationary one's
-# (after the decode steps its staging costs): the estimates leave out a card's own transfers. Llama-3-70B on 8 cards at batch 1, estimated 62.8 against 80.6 ms, simulated at
-# 56.4 against 52.4 ms, with a decode step 13% slower; at batch 16 on 4 cards, 77 against 633 ms
-# estimated, 186 against 471 ms simulated.
+# (after the decode steps its staging costs): the estimates leave out a card's own transfers.
+# Llama-3-70B on 8 cards at batch 1, estimated 62.8 against 80.6 ms, simulated at 56.4 against
+# 52.4 ms, with a decode step 13% slower; at batch 16 on 4 cards, 77 against 633 ms estimated,
+# 186 against 471 ms simulated.
 PIPELINED_MARGIN = 2.0
 HEAD_DIM_FOR_SCALES = 128  # INT8 KV: one fp16 scale per head and token, heads of this width assumed
 
@@ -346,9 +347,14 @@ def _prefill_estimates_s(facts: ModelFacts, tiles: Sequence[Tile], target: Targe
     streamed = _streamed_bytes(tiles, target, chiplets)
     if cards < 2 or streamed <= 0:
         return None
-    spread_s = streamed / (len({target.channel_of(c) for c in chiplets}) * target.channel_bytes_per_s)
+    spread_s = streamed / _streaming_bytes_per_s(target, chiplets)
     crossing_s = _card_crossing_s(facts, target, workload.tokens("prefill"), cards, link_dtype, routing)
     return max(spread_s, crossing_s), cards * spread_s
+
+
+def _streaming_bytes_per_s(target: Target, chiplets: Sequence[int]) -> float:
+    """What every LPDDR channel of the chiplets streams at once."""
+    return len({target.channel_of(c) for c in chiplets}) * target.channel_bytes_per_s
 
 
 def _streamed_bytes(tiles: Sequence[Tile], target: Target, chiplets: Sequence[int]) -> float:
@@ -370,15 +376,14 @@ def _decode_loss_s(tiles: Sequence[Tile], held: int, target: Target, workload: W
         block = routing.of_layer(tile.layer) if routing is not None and tile.expert >= 0 else None
         return block.fires(tile.expert, tokens) if block is not None else 1.0
 
-    start, stop = max(0.0, _streamed_bytes(tiles, target, chiplets)), 0.0
-    read = 0.0
-    for tile in sorted(tiles, key=fires):  # stable: equal odds keep the tiles' order
-        lo, hi = stop, stop + tile.storage_bytes
-        stop = hi
-        overlap = min(hi, start + held) - max(lo, start)
-        if overlap > 0:
-            read += overlap * fires(tile)
-    return read / (len({target.channel_of(c) for c in chiplets}) * target.channel_bytes_per_s)
+    # The tiles coldest first (stable: equal odds keep their order), laid end to end: the streamed
+    # bytes come first, the `held` bytes after them are the ones that now stream too.
+    start = max(0.0, _streamed_bytes(tiles, target, chiplets))
+    read, offset = 0.0, 0.0
+    for odds, nbytes in sorted(((fires(t), t.storage_bytes) for t in tiles), key=lambda pair: pair[0]):
+        read += odds * max(0.0, min(offset + nbytes, start + held) - max(offset, start))
+        offset += nbytes
+    return read / _streaming_bytes_per_s(target, chiplets)
 
 
 def _card_crossing_s(facts: ModelFacts, target: Target, tokens: int, cards: int, link_dtype: str = "fp16",

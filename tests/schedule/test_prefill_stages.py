@@ -17,7 +17,8 @@ from aviatorc.target import load_target
 
 
 @pytest.fixture(scope="module")
-def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, aviatorc.CompileResult]:
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, aviatorc.CompileResult], dict[str, list]]:
+    """Each plan, and the stages (nodes, lag) its prefill was built from."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
@@ -27,7 +28,7 @@ def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, aviatorc.Compil
     model = transformers.LlamaForCausalLM(config).eval()
     target = tmp_path_factory.mktemp("stages") / "mock2.toml"
     target.write_text(load_target("mock", cards=2, overrides={"chiplet.sram_bytes": 512 * 1024}).to_toml())
-    out, stages = {}, []
+    out, stages, found_by_plan = {}, [], {}
     built = build_module._Builder._stages
 
     def spy(builder: build_module._Builder) -> list[tuple[list, int]]:
@@ -43,24 +44,25 @@ def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, aviatorc.Compil
             patch.setattr(build_module, "RESIDENT_LAG", lag)  # 0: each block one node behind, as a streamed run
             out[name] = aviatorc.compile(model, target=str(target), context=32, prompt=8, batch=4, sweep=False,
                                          ranges=False, quant="int8")
-            out[name].stages = stages.pop()
-    return out
+            found_by_plan[name] = stages.pop()
+    return out, found_by_plan
 
 
-def test_resident_layers_whose_homes_span_cards_are_one_stage(plans):
+def test_resident_layers_whose_homes_span_cards_are_one_stage(compiled):
     """Nothing streams and the homes take both cards: the prefill walks the whole model as one
     stage, its 4 blocks an eighth of it apart."""
-    result = plans["pipeline"]
+    result = compiled[0]["pipeline"]
     assert result.placement.streamed_bytes == 0
-    [(nodes, lag)] = result.stages
+    [(nodes, lag)] = compiled[1]["pipeline"]
     assert lag == round(nodes * build_module.RESIDENT_LAG) > 1
     assert {result.plan.target.card_of(c) for c in result.placement.compute_chiplet} == {0, 1}
 
 
-def test_the_pipelined_stage_is_faster_and_the_sim_gives_the_same_tokens(plans):
+def test_the_pipelined_stage_is_faster_and_the_sim_gives_the_same_tokens(compiled):
     """The pipeline's first tokens come sooner (simulated: 2% on a model this small, 30% on
     Llama-3-8B x4 at batch 16, `tools/bench_plan.py`); on the sim backend its prefill gives
     the in-step plan's logits (1e-6: the same kernels on the same values) and greedy tokens."""
+    plans = compiled[0]
     ttft = {name: result.plan.prediction.ttft_s for name, result in plans.items()}
     assert ttft["pipeline"] < ttft["in step"]
     prompt = np.arange(3, 11)
