@@ -130,6 +130,18 @@ class Routing:
     def of_layer(self, layer: int) -> BlockRouting | None:
         return self._by_layer.get(layer)
 
+    def routes(self, layer: int, expert: int) -> bool:
+        """Whether `expert` (-1: no expert's weight) of `layer` is routed here; others run on every token."""
+        return expert >= 0 and layer in self._by_layer
+
+    def share(self, layer: int, expert: int) -> float:
+        """The probability that a token routes to `expert` of `layer` (1 where not `routes`)."""
+        return self._by_layer[layer].shares[expert] if self.routes(layer, expert) else 1.0
+
+    def fires(self, layer: int, expert: int, tokens: int) -> float:
+        """The probability that a step of `tokens` tokens runs `expert` of `layer` (1 where not `routes`)."""
+        return self._by_layer[layer].fires(expert, tokens) if self.routes(layer, expert) else 1.0
+
     @cached_property
     def _by_layer(self) -> dict[int, BlockRouting]:
         return {b.layer: b for b in self.blocks}

@@ -173,10 +173,10 @@ def _objective(placement: Placement, weights: list[WeightSpec], target: Target, 
             if spec.tied_to:  # the tied table's lookup reads a row per token from these columns
                 read += min(nbytes, -(-nbytes * batch_tokens // spec.n))
             produced = n * abpe * batch_tokens
-            block = routing.of_layer(spec.layer) if routing is not None and spec.expert >= 0 else None
-            if block is not None:  # a step reads the expert when one of its tokens routes to it
-                share = block.shares[spec.expert]
-                fires[(spec.layer, _group(spec))] = 1.0 - (1.0 - share) ** batch_tokens
+            if routing is not None and routing.routes(spec.layer, spec.expert):
+                # a step reads the expert when one of its tokens routes to it
+                share = routing.share(spec.layer, spec.expert)
+                fires[(spec.layer, _group(spec))] = routing.fires(spec.layer, spec.expert, batch_tokens)
                 read = int(-(-read * fires[(spec.layer, _group(spec))] // 1))
                 flops, a, produced = flops * share, int(-(-a * share // 1)), int(-(-produced * share // 1))
         peak = target.flops_per_s(spec.format.kind)

@@ -230,11 +230,11 @@ def build_problem(tiles: Sequence[Tile], target: Target, *, batch_tokens: int = 
             flops = 2.0 * tile.k * tile.n * batch_tokens
             act = tile.k * abpe * batch_tokens
             produced = tile.n * abpe * batch_tokens
-            block = routing.of_layer(tile.layer) if routing is not None and tile.expert >= 0 else None
-            if block is not None:  # expected: read when the expert fires, computed on its routed tokens
-                fires[tile.group] = block.fires(tile.expert, batch_tokens)
+            if routing is not None and routing.routes(tile.layer, tile.expert):
+                # expected: read when the expert fires, computed on its routed tokens
+                fires[tile.group] = routing.fires(tile.layer, tile.expert, batch_tokens)
                 per_step = math.ceil(per_step * fires[tile.group])
-                share = block.shares[tile.expert]
+                share = routing.share(tile.layer, tile.expert)
                 flops *= share
                 act = math.ceil(act * share)
                 produced = math.ceil(produced * share)

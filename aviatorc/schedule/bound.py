@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from aviatorc.partition.tiling import WeightSpec, lora_reachable
 from aviatorc.plan.ir import Workload
 from aviatorc.plan.plan import BoundFigures
-from aviatorc.routing import BlockRouting, Routing
+from aviatorc.routing import Routing
 from aviatorc.target import Target
 
 
@@ -69,18 +69,13 @@ def physical_bound(weights: Sequence[WeightSpec], target: Target, workload: Work
     channels = len({target.channel_of(c) for c in chiplets})
     lpddr_s_per_byte = 1.0 / (channels * target.channel_bytes_per_s)
 
-    def routed(w: WeightSpec) -> BlockRouting | None:
-        return routing.of_layer(w.layer) if routing is not None and w.expert >= 0 else None
-
     def read_bytes(w: WeightSpec, tokens: int) -> float:
         if w.is_embedding:
             return min(w.storage_bytes, w.storage_bytes * tokens / w.k)
-        block = routed(w)
-        return w.storage_bytes * (block.fires(w.expert, tokens) if block is not None else 1.0)
+        return w.storage_bytes * (routing.fires(w.layer, w.expert, tokens) if routing is not None else 1.0)
 
     def share(w: WeightSpec) -> float:
-        block = routed(w)
-        return block.shares[w.expert] if block is not None else 1.0
+        return routing.share(w.layer, w.expert) if routing is not None else 1.0
 
     adapted = [w for w in stored if lora_reachable(w)] if workload.lora_rank and workload.max_loras else []
     lora_width = workload.lora_rank * sum(w.k + w.n for w in adapted)  # r x (k + n) summed over the projections

@@ -373,8 +373,7 @@ def _decode_loss_s(tiles: Sequence[Tile], held: int, target: Target, workload: W
     tokens = workload.tokens("decode")
 
     def fires(tile: Tile) -> float:
-        block = routing.of_layer(tile.layer) if routing is not None and tile.expert >= 0 else None
-        return block.fires(tile.expert, tokens) if block is not None else 1.0
+        return routing.fires(tile.layer, tile.expert, tokens) if routing is not None else 1.0
 
     # The tiles coldest first (stable: equal odds keep their order), laid end to end: the streamed
     # bytes come first, the `held` bytes after them are the ones that now stream too.
@@ -398,9 +397,8 @@ def _card_crossing_s(facts: ModelFacts, target: Target, tokens: int, cards: int,
         source = node.inputs[0]
         if source is None or node.op == "Gather" or any(out.name in facts.outputs for out in node.outputs):
             continue  # lookups and the output head (each sequence's last token) move little
-        block = (routing.of_layer(facts.layer_of_node[name])
-                 if routing is not None and name in facts.expert_of and name in facts.layer_of_node else None)
-        share = block.shares[facts.expert_of[name]] if block is not None else 1.0
+        share = (routing.share(facts.layer_of_node[name], facts.expert_of[name])
+                 if routing is not None and name in facts.expert_of and name in facts.layer_of_node else 1.0)
         elements += share * (facts.elements_per_token(source.name) * (cards - 1)
                              + facts.elements_per_token(node.outputs[0].name) * (cards - 1) / cards)
     element = 1 if link_dtype == "int8" else target.activation_bytes_per_element
