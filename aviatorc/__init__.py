@@ -10,9 +10,19 @@ The top level imports nothing heavy: torch, onnx and OR-tools load when a stage 
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from aviatorc.errors import AviatorError
+
+# In a checkout, passes/ and backends/ sit beside this folder (pyproject maps them in as
+# aviatorc.passes and aviatorc.backends when it installs). Imported from the checkout itself, as
+# `python` run in its root does even after a user install, this folder shadows the installed
+# package: the checkout's root joins the search path so that they import here as installed.
+_checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if not os.path.isdir(os.path.join(__path__[0], "passes")) and os.path.isfile(
+        os.path.join(_checkout, "passes", "__init__.py")):
+    __path__.append(_checkout)
 
 if TYPE_CHECKING:
     from aviatorc.compiler import CompileResult

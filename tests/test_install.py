@@ -5,9 +5,10 @@ is installed the README's user way, the `pip install '.[...]'` line of its Insta
 new virtual environment; torch first, pinned, from the machine's wheel cache or package index
 (the README's line names PyTorch's CPU index, which is not a package registry this machine
 reaches: the same pinned CPU build comes from the local cache). Then every runnable block of the
-README (Quickstart, GGUF, serving) runs with that environment's `python` and `aviatorc` first on
-PATH, as `tests/test_readme.py` runs them: a documented command that needs a package the install
-does not bring fails here.
+README (Quickstart, GGUF, serving) runs in the checkout's root, with that environment's `python`
+and `aviatorc` first on PATH, as `tests/test_readme.py` runs them: a documented command that needs
+a package the install does not bring fails here, and so does Python run in the checkout, whose
+aviatorc/ folder comes before the installed package there.
 """
 
 from __future__ import annotations
@@ -69,9 +70,9 @@ def test_readme_runs_after_the_user_install(tmp_path: Path) -> None:
                            env=env, capture_output=True, text=True, check=True).stdout
     assert where.startswith(str(venv)), where
 
-    work = tmp_path / "work"
-    work.mkdir()
-    shutil.copytree(ROOT / "examples", work / "examples", ignore=shutil.ignore_patterns("build", "out", "__pycache__"))
+    # In the checkout's root, where the user installed it: its aviatorc/ folder comes first on
+    # `python -c`'s path there, beside the installed package.
+    work = checkout
     env["PYTHONUNBUFFERED"] = "1"
     outputs = {b.line: run_block(b, work, env, timeout_s=GGUF_BLOCK_TIMEOUT_S) for b in blocks("README.md")
                if b.no_test is None}

@@ -35,6 +35,16 @@ def test_no_top_level_passes_package_is_importable_by_accident():
     assert out.stdout.strip() == "True"
 
 
+def test_the_checkout_imports_its_mapped_packages_without_an_install():
+    # `python` in the checkout's root imports this folder's aviatorc, not the installed one (the
+    # README's "From Python" after a user install); no site-packages here, so no editable finder.
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import importlib.util as u; "
+            "print(u.find_spec('aviatorc.passes').origin, u.find_spec('aviatorc.backends').origin)")
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd="/")
+    assert out.stdout.split() == [str(ROOT / "passes" / "__init__.py"), str(ROOT / "backends" / "__init__.py")], \
+        out.stderr
+
+
 # Each layer may import only the layers below it (STYLE.md).
 LAYERS = [
     {"aviatorc.errors", "aviatorc.progress"},

@@ -77,8 +77,9 @@ def run_block(block: Block, folder: Path, env: dict[str, str], timeout_s: float 
     code = block.code
     if "aviatorc serve" in code:
         code = code.replace("8000", str(free_port()))
-    command = (["bash", "-euo", "pipefail", "-c", code] if block.language == "bash"
-               else [sys.executable, "-c", code])
+    # The `python` first on the block's PATH (the user install's, in tests/test_install.py).
+    python = shutil.which("python", path=env.get("PATH")) or sys.executable
+    command = ["bash", "-euo", "pipefail", "-c", code] if block.language == "bash" else [python, "-c", code]
     # A session of its own, so whatever the block starts in the background (a server) is ended
     # with it, even when the block fails before its own `kill`.
     proc = subprocess.Popen(command, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
