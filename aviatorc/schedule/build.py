@@ -484,7 +484,7 @@ class _Builder:
                                      math.ceil(q_width / parts))
         for i, (c, nbytes, streamed) in enumerate(reads):
             part = Part("kv", i, parts)
-            self._receive_inputs(node, c)
+            self._receive_inputs(node, c, query_only=c != home)
             fields = dict(node=node.name, flops=flops * nbytes // total, bytes=nbytes, vector_bytes=0, kind=kind,
                           part=part)
             if streamed:
@@ -521,10 +521,12 @@ class _Builder:
     def _compute(self, chiplet: int, layer: int, **fields: Any) -> None:
         self.entries[chiplet].append(self._make_compute(chiplet, layer, **fields))
 
-    def _receive_inputs(self, node: Node, chiplet: int) -> None:
+    def _receive_inputs(self, node: Node, chiplet: int, *, query_only: bool = False) -> None:
+        """Recv each input `node` reads on `chiplet` that is not there yet (with `query_only`, its
+        first: an attention part away from home, see `_readers`)."""
         weight = node.inputs[0] if node.op == "Gather" and node.name in self.facts.uses else (
             node.inputs[1] if node.name in self.facts.uses else None)
-        for value in node.inputs:
+        for value in node.inputs[:1] if query_only else node.inputs:
             if value is None or value is weight or value.is_initializer or self.key(value.name) not in self.location:
                 continue
             name = self.key(value.name)
@@ -537,8 +539,17 @@ class _Builder:
     def _send_to_readers(self, value: Value, source: int) -> None:
         """Send `value` now to every other chiplet that will read it (the recv comes at the reader)."""
         targets = sorted({c for user in value.users if user.name not in self.skipped and self.runs_now(user)
-                          for c in self.node_chiplets[(user.name, self.block)] if c != source})
+                          for c in self._readers(user, value) if c != source})
         self._broadcast(value, source, targets)
+
+    def _readers(self, user: Node, value: Value) -> list[int]:
+        """The chiplets where `user` reads `value`: every chiplet computing a part of it, except
+        that an attention's parts away from home read only its query (each attends over the cache
+        it holds); the new tokens' keys and values, and the mask, go home, where the newest
+        positions are written and the node completes."""
+        if user.name in self.facts.attention and value is not user.inputs[0]:
+            return [self.homes[self.facts.layer_of_node[user.name]]]
+        return self.node_chiplets[(user.name, self.block)]
 
     def _broadcast(self, value: Value, source: int, targets: list[int]) -> None:
         """A tree, as collective libraries broadcast: one copy crosses to each other card (then to

@@ -21,7 +21,8 @@ import aviatorc
 from aviatorc import zoo
 from aviatorc.compiler import plan_summary
 from aviatorc.errors import ModelFormatError
-from aviatorc.plan.ir import Load
+from aviatorc.models import llama_config
+from aviatorc.plan.ir import Compute, Load, Recv
 from aviatorc.plan.plan import Plan
 from aviatorc.runtime import Session
 from aviatorc.schedule.memory import KVPlan, MemoryPlan, kv_in_free_sram
@@ -50,6 +51,40 @@ def test_each_layer_reads_its_cache_once_part_from_sram_part_streamed(zoo_onnx):
         # whole blocks of the pool, on the chiplets the plan names
         block = per_layer // memory.kv_blocks
         assert {c: n * block for c, n in memory.kv_sram_blocks[layer].items()} == in_sram
+
+
+def test_an_attention_part_away_from_home_receives_only_the_query(tmp_path):
+    """A part of the decode step's attention attends over the blocks of the cache it reads, so it
+    needs the query; the new tokens' keys and values (written at home, beside the newest
+    positions) and the mask go to the home alone, where the node completes. A config.json
+    imports attention as one node (its query, keys, values and mask its inputs)."""
+    config = llama_config("llama-3-8b") | {"num_hidden_layers": 2, "vocab_size": 256, "hidden_size": 64,
+                                           "intermediate_size": 128, "num_attention_heads": 4,
+                                           "num_key_value_heads": 2}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    art = aviatorc.compile(str(tmp_path / "config.json"), target="mock", batch=32, context=2048, sweep=False,
+                           ranges=False)
+    program = art.plan.programs["decode"]
+    parts: dict[str, set[int]] = {}
+    home: dict[str, int] = {}
+    for c, _, ins in program.instructions():
+        if isinstance(ins, Compute) and ins.part is not None and ins.part.kind == "kv":
+            parts.setdefault(ins.node, set()).add(c)
+            if ins.part.start == ins.part.stop - 1:
+                home[ins.node] = c
+    received: dict[str, set[int]] = {}
+    for c, _, ins in program.instructions():
+        if isinstance(ins, Recv):
+            received.setdefault(ins.value.name, set()).add(c)
+    nodes = [node for node in art.graph.nodes if node.name in parts]
+    assert len(nodes) == 2 and all(node.op == "Attention" and len(node.inputs) >= 4 for node in nodes)
+    for node in nodes:
+        away = parts[node.name] - {home[node.name]}
+        assert away and away <= received[node.inputs[0].name]  # every part away from home gets the query ...
+        own = [v.name for v in node.inputs[1:] if v is not None and all(u is node for u in v.users)]
+        assert len(own) >= 2  # the new tokens' keys and values (the mask is every layer's)
+        for name in own:  # ... and not them
+            assert not received.get(name, set()) & away, (node.name, name)
 
 
 def test_keeping_blocks_in_sram_beats_streaming_them_all(zoo_onnx):  # noqa: F811
