@@ -466,10 +466,14 @@ class _Builder:
             self._write_back(home, layer, written, in_sram)
             return
         # Every position attends to its sequence's whole cache, which is read once for all of them.
-        # Its parts are read where they are (`_kv_reads`: heads split across chiplets, as
-        # tensor-parallel attention does), a streamed chunk from the channel of the chiplet reading
-        # it, so every channel carries its share of every layer's cache; each part's partial output
-        # goes home, where the last part completes the node.
+        # Its parts are read where they are (`_kv_reads`: the pool's blocks, split by positions), a
+        # streamed chunk from the channel of the chiplet reading it, so every channel carries its
+        # share of every layer's cache. A part attends over its positions with every head, as
+        # split-K decoding does: its partial output is as wide as the node's (the softmax's running
+        # max and sum beside it are a few bytes a head). The partials are reduced on the way home, as
+        # collective libraries reduce: a chiplet's own parts where it reads them, those of one card
+        # on its first part's chiplet, which sends one partial across; the home's card's go home;
+        # the last part, at home, completes the node.
         flops = 4 * self.tokens * kv.tokens * q_width
         total = kv.bytes_per_layer.get(layer, 0)
         reads = self._kv_reads(node)
@@ -480,10 +484,16 @@ class _Builder:
             return
         parts = len(reads)
         out = node.outputs[0]
-        partial_bytes = self.on_wire(math.ceil(self.tokens * q_width * self.target.activation_bytes_per_element / parts),
-                                     math.ceil(q_width / parts))
+        partial_bytes = self.on_wire(self.tokens * q_width * self.target.activation_bytes_per_element, q_width)
+        relays: dict[int, int] = {self.target.card_of(home): home}  # card -> where its partials are reduced
+        last = {c: i for i, (c, _, _) in enumerate(reads)}  # chiplet -> its last part, which sends its partial
+        forwarded: list[tuple[int, ValueRef]] = []  # (relay, the partial it sends home)
         for i, (c, nbytes, streamed) in enumerate(reads):
             part = Part("kv", i, parts)
+            if i == parts - 1:  # the node completes at home once every partial is there
+                for relay, label in forwarded:
+                    self.entries[relay].append(Send(label, home, partial_bytes))
+                    self.entries[home].append(Recv(label, relay, partial_bytes))
             self._receive_inputs(node, c, query_only=c != home)
             fields = dict(node=node.name, flops=flops * nbytes // total, bytes=nbytes, vector_bytes=0, kind=kind,
                           part=part)
@@ -493,10 +503,15 @@ class _Builder:
                 self.entries[c].append(_Staged(buffer, self.target.channel_of(c), compute))
             else:
                 self._compute(c, layer, bufs=(self.kv_buffer(layer, c),), **fields)
-            if c != home:
-                label = ValueRef(self.key(out.name), part)
-                self.entries[c].append(Send(label, home, partial_bytes))
-                self.entries[home].append(Recv(label, c, partial_bytes))
+            relay = relays.setdefault(self.target.card_of(c), c)
+            label = ValueRef(self.key(out.name), part)
+            if i != last[c] or c == home:
+                continue  # a chiplet sends its partial once, after its last part
+            if relay == c:
+                forwarded.append((c, label))
+            else:
+                self.entries[c].append(Send(label, relay, partial_bytes))
+                self.entries[relay].append(Recv(label, c, partial_bytes))
         self._write_back(home, layer, written, False)
 
     def _write_back(self, home: int, layer: int, nbytes: int, in_sram: bool) -> None:

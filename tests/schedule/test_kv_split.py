@@ -22,7 +22,7 @@ from aviatorc import zoo
 from aviatorc.compiler import plan_summary
 from aviatorc.errors import ModelFormatError
 from aviatorc.models import llama_config
-from aviatorc.plan.ir import Compute, Load, Recv
+from aviatorc.plan.ir import Compute, Load, Recv, Send
 from aviatorc.plan.plan import Plan
 from aviatorc.runtime import Session
 from aviatorc.schedule.memory import KVPlan, MemoryPlan, kv_in_free_sram
@@ -53,18 +53,21 @@ def test_each_layer_reads_its_cache_once_part_from_sram_part_streamed(zoo_onnx):
         assert {c: n * block for c, n in memory.kv_sram_blocks[layer].items()} == in_sram
 
 
-def test_an_attention_part_away_from_home_receives_only_the_query(tmp_path):
+@pytest.mark.parametrize("cards", [1, 2])
+def test_an_attention_part_away_from_home_receives_only_the_query(tmp_path, cards):
     """A part of the decode step's attention attends over the blocks of the cache it reads, so it
     needs the query; the new tokens' keys and values (written at home, beside the newest
-    positions) and the mask go to the home alone, where the node completes. A config.json
-    imports attention as one node (its query, keys, values and mask its inputs)."""
+    positions) and the mask go to the home alone, where the node completes. Its partial output is
+    as wide as the query (every head of its positions), reduced on the way home: each chiplet
+    sends one, each other card one across. A config.json imports attention as one node (its
+    query, keys, values and mask its inputs)."""
     config = llama_config("llama-3-8b") | {"num_hidden_layers": 2, "vocab_size": 256, "hidden_size": 64,
                                            "intermediate_size": 128, "num_attention_heads": 4,
                                            "num_key_value_heads": 2}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    art = aviatorc.compile(str(tmp_path / "config.json"), target="mock", batch=32, context=2048, sweep=False,
-                           ranges=False)
-    program = art.plan.programs["decode"]
+    art = aviatorc.compile(str(tmp_path / "config.json"), target="mock", cards=cards, batch=32, context=2048,
+                           sweep=False, ranges=False)
+    program, card_of = art.plan.programs["decode"], art.plan.target.card_of
     parts: dict[str, set[int]] = {}
     home: dict[str, int] = {}
     for c, _, ins in program.instructions():
@@ -85,6 +88,15 @@ def test_an_attention_part_away_from_home_receives_only_the_query(tmp_path):
         assert len(own) >= 2  # the new tokens' keys and values (the mask is every layer's)
         for name in own:  # ... and not them
             assert not received.get(name, set()) & away, (node.name, name)
+        query_bytes = {ins.bytes for _, _, ins in program.instructions()
+                       if isinstance(ins, Recv) and ins.value.name == node.inputs[0].name}
+        partials = [(c, ins) for c, _, ins in program.instructions()
+                    if isinstance(ins, Send) and ins.value.name == node.outputs[0].name]
+        senders = [c for c, _ in partials]
+        assert sorted(set(senders)) == sorted(senders) == sorted(away)
+        assert {ins.bytes for _, ins in partials} == query_bytes
+        crossing = [c for c, ins in partials if card_of(c) != card_of(ins.to)]
+        assert len(crossing) == len({card_of(c) for c in away} - {card_of(home[node.name])}) == cards - 1
 
 
 def test_keeping_blocks_in_sram_beats_streaming_them_all(zoo_onnx):  # noqa: F811
