@@ -23,6 +23,7 @@ _checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if not os.path.isdir(os.path.join(__path__[0], "passes")) and os.path.isfile(
         os.path.join(_checkout, "passes", "__init__.py")):
     __path__.append(_checkout)
+del _checkout
 
 if TYPE_CHECKING:
     from aviatorc.compiler import CompileResult
