@@ -542,8 +542,14 @@ def _options_dict(opts: CompileOptions) -> dict[str, Any]:
 
 
 def _kv_kept(memory: dict[str, Any]) -> str:
-    """A cache in LPDDR keeping some of its blocks in SRAM: how many (plan.json's memory section)."""
-    kept = [sum(parts.values()) for parts in memory.get("kv_sram_blocks", {}).values()]
+    """A cache in LPDDR keeping some of its blocks in SRAM: how many; a cache in SRAM read in parts:
+    in how many (plan.json's memory section)."""
+    blocks = memory.get("kv_sram_blocks", {})
+    if memory["kv_location"] == "sram" and blocks:
+        parts = sorted({len(held) for held in blocks.values()})
+        count = f"{parts[0]}" if len(parts) == 1 else f"{parts[0]} to {parts[-1]}"
+        return f", {len(blocks)} of {len(memory['kv_layer_chiplets'])} layers' caches read in {count} parts beside their homes"
+    kept = [sum(parts.values()) for parts in blocks.values()]
     if memory["kv_location"] != "lpddr" or not kept or not memory.get("kv_blocks"):
         return ""
     low, high = min(kept) / memory["kv_blocks"], max(kept) / memory["kv_blocks"]

@@ -117,9 +117,10 @@ class MemoryFigures:
     # up to whole blocks (0, 0: an older plan; the session sizes the pool the same way).
     kv_blocks: int = 0
     kv_block_tokens: int = 0
-    # A cache in LPDDR: layer -> chiplet -> blocks of that layer kept in SRAM there (the pool's first
-    # blocks, in the chiplets' order), which a decode step reads in place; the rest stream
-    # (`aviatorc.schedule.memory.kv_in_free_sram`).
+    # layer -> chiplet -> blocks of that layer kept in SRAM there. A cache in LPDDR: the pool's first
+    # blocks, in the chiplets' order, which a decode step reads in place; the rest stream
+    # (`aviatorc.schedule.memory.kv_in_free_sram`). A cache in SRAM: the parts it is read in beside
+    # its home (`kv_split_in_sram`); a layer not named is held whole at its home.
     kv_sram_blocks: dict[int, dict[int, int]] = field(default_factory=dict)
 
     @property

@@ -80,7 +80,7 @@ def schedule(graph: Graph, placement: Placement, weights: Sequence[WeightSpec], 
     over sampled routings (`routed.py`), and the bound is in expectation."""
     facts = facts or model_facts(graph, placement.tiles)
     allowed = tuple(sorted(chiplets if chiplets is not None else range(target.num_chiplets)))
-    memory = settle_kv(memory, placement, facts, target, allowed)
+    memory = settle_kv(memory, placement, facts, target, allowed, workload.tokens("decode"))
     memory = dataclasses.replace(memory, prefill_copies=prefill_copies(placement, memory, target, allowed))
     routing = routing if routing is not None and routing.blocks else None
     placed = {"decode": placement, "prefill": with_prefill_copies(placement, memory.prefill_copies, target)}
@@ -235,7 +235,7 @@ def _sweep_point(facts: ModelFacts, placement: Placement, weights: Sequence[Weig
             trial = sized("sram")
         except InfeasibleError:  # its larger activations leave the cache no room: the cache streams
             pass
-    trial = settle_kv(trial, placement, facts, target, allowed)
+    trial = settle_kv(trial, placement, facts, target, allowed, load.tokens("decode"))
     sram = target.chiplet.sram_bytes
     if any(held + reserve > sram for held, reserve in zip(placement.chiplet_bytes, trial.reserve_bytes, strict=True)):
         return SweepPoint(batch, context, False, "needs more SRAM beside the weights than this placement leaves",

@@ -238,8 +238,9 @@ class _Builder:
 
     def kv_buffer(self, layer: int, chiplet: int) -> str:
         """The buffer of the layer's cache kept in SRAM on `chiplet`: the whole cache's when it all
-        lives there (`kv.location == "sram"`), else that chiplet's share of its blocks."""
-        return f"kv.{layer}" if self.memory.kv.location == "sram" else f"kv.{layer}.on{chiplet}"
+        lives there, else that chiplet's share of its blocks."""
+        kv = self.memory.kv
+        return f"kv.{layer}" if kv.location == "sram" and layer not in kv.sram_blocks else f"kv.{layer}.on{chiplet}"
 
     # -- sizes ---------------------------------------------------------------------------
 
@@ -460,7 +461,7 @@ class _Builder:
             # A chunk of c tokens attends to the prompt before it: on average half of it (causal).
             context = max(1, min(self.workload.prompt // 2, kv.tokens))
             flops = 4 * self.tokens * context * q_width
-            bufs = (f"kv.{layer}",) if in_sram else ()
+            bufs = (self.kv_buffer(layer, home),) if in_sram else ()
             self._compute(home, layer, node=node.name, bufs=bufs, flops=flops, bytes=written if in_sram else 0,
                           vector_bytes=0, kind=kind, part=None)
             self._write_back(home, layer, written, in_sram)
@@ -472,8 +473,10 @@ class _Builder:
         # split-K decoding does: its partial output is as wide as the node's (the softmax's running
         # max and sum beside it are a few bytes a head). The partials are reduced on the way home, as
         # collective libraries reduce: a chiplet's own parts where it reads them, those of one card
-        # on its first part's chiplet, which sends one partial across; the home's card's go home;
-        # the last part, at home, completes the node.
+        # on its first part's chiplet, which sends one partial across; the home's card's go home.
+        # The last part is the home's own, read while the others' partials arrive: it stands for
+        # the node's completion, which takes them in as they come (their reduction's few bytes
+        # of vector work left out).
         flops = 4 * self.tokens * kv.tokens * q_width
         total = kv.bytes_per_layer.get(layer, 0)
         reads = self._kv_reads(node)
@@ -488,12 +491,13 @@ class _Builder:
         relays: dict[int, int] = {self.target.card_of(home): home}  # card -> where its partials are reduced
         last = {c: i for i, (c, _, _) in enumerate(reads)}  # chiplet -> its last part, which sends its partial
         forwarded: list[tuple[int, ValueRef]] = []  # (relay, the partial it sends home)
+        arrivals: list[Recv] = []  # the partials home takes in after reading its own part
         for i, (c, nbytes, streamed) in enumerate(reads):
             part = Part("kv", i, parts)
-            if i == parts - 1:  # the node completes at home once every partial is there
+            if i == parts - 1:
                 for relay, label in forwarded:
                     self.entries[relay].append(Send(label, home, partial_bytes))
-                    self.entries[home].append(Recv(label, relay, partial_bytes))
+                    arrivals.append(Recv(label, relay, partial_bytes))
             self._receive_inputs(node, c, query_only=c != home)
             fields = dict(node=node.name, flops=flops * nbytes // total, bytes=nbytes, vector_bytes=0, kind=kind,
                           part=part)
@@ -509,10 +513,15 @@ class _Builder:
                 continue  # a chiplet sends its partial once, after its last part
             if relay == c:
                 forwarded.append((c, label))
+                continue
+            self.entries[c].append(Send(label, relay, partial_bytes))
+            receive = Recv(label, c, partial_bytes)
+            if relay == home:
+                arrivals.append(receive)
             else:
-                self.entries[c].append(Send(label, relay, partial_bytes))
-                self.entries[relay].append(Recv(label, c, partial_bytes))
-        self._write_back(home, layer, written, False)
+                self.entries[relay].append(receive)
+        self.entries[home].extend(arrivals)
+        self._write_back(home, layer, written, in_sram)
 
     def _write_back(self, home: int, layer: int, nbytes: int, in_sram: bool) -> None:
         """The new tokens' K and V into a cache kept in LPDDR: a store to the home's channel."""
