@@ -75,6 +75,7 @@ class ModelFacts:
     peaks: dict[tuple[int, int, bool, int, int], int] = field(default_factory=dict)  # memo of activation peaks
     _by_name: dict[str, Node] = field(default_factory=dict, repr=False)
     _runs: LayerRuns | None = field(default=None, repr=False)  # memo of `layer_runs` (memory and build ask)
+    _vector: dict[str, list[str]] | None = field(default=None, repr=False)  # memo of `vector_values`
 
     @property
     def layers(self) -> list[int]:
@@ -89,12 +90,16 @@ class ModelFacts:
         return self.value_elements.get(value, 0) / self.graph_tokens
 
     def vector_values(self, node: Node) -> list[str]:
-        """The activations a node moves through the vector units (inputs and outputs): none for a
-        view, a weight's reader (matrix units) or attention (costed as matrix work)."""
-        if node.op in SHAPE_OPS or node.name in self.uses or node.name in self.attention or node.name in self.weight_chain:
-            return []
-        return [v.name for v in (*node.inputs, *node.outputs)
-                if v is not None and not v.is_initializer and v.name in self.value_elements]
+        """The activations a node moves through the vector units, between them and SRAM (inputs
+        and outputs): none for a view, a weight's reader (matrix units) or attention (costed as
+        matrix work). Vector nodes run fused where one makes a value only the next reads, in the
+        same layer (so on the same chiplet), as compilers fuse elementwise chains: that value
+        never leaves the vector units, and a fused chain reads each of its inputs once. An RMSNorm
+        (square, mean, add, rsqrt, scale, weight) then reads its input and writes its output, and
+        SiLU(gate) x up reads gate and up and writes the product, once each."""
+        if self._vector is None:
+            self._vector = _vector_traffic(self)
+        return self._vector.get(node.name, [])
 
     def vector_elements_per_token(self) -> float:
         return sum(self.elements_per_token(v) for node in self.order for v in self.vector_values(node))
@@ -192,6 +197,48 @@ def model_facts(graph: Graph, tiles: Sequence[Tile]) -> ModelFacts:
     return ModelFacts(_experts_side_by_side(graph), layer_of, uses, attention, kv_width, q_width,
                       _graph_tokens(graph), elements, scores, chain, {v.name for v in graph.outputs},
                       [v.name for v in graph.outputs], {n.name: ref.expert for n, ref in expert_nodes(graph).items()})
+
+
+def _vector_traffic(facts: ModelFacts) -> dict[str, list[str]]:
+    """Node -> the values it moves through the vector units (`ModelFacts.vector_values`)."""
+    def moved(values: Sequence[Value | None]) -> list[Value]:
+        return [v for v in values if v is not None and not v.is_initializer and v.name in facts.value_elements]
+
+    vector = {node.name for node in facts.order
+              if not (node.op in SHAPE_OPS or node.name in facts.uses or node.name in facts.attention
+                      or node.name in facts.weight_chain) and moved((*node.inputs, *node.outputs))}
+    chain = {node.name: node.name for node in facts.order}  # a fused chain's first node
+
+    def first(name: str) -> str:
+        while chain[name] != name:
+            name = chain[name]
+        return name
+
+    fused: set[str] = set()
+    for node in facts.order:
+        if node.name not in vector:
+            continue
+        for out in node.outputs:
+            readers = {user.name for user in out.users}
+            reader = next(iter(readers), "")
+            if (len(readers) == 1 and reader in vector and out.name not in facts.outputs
+                    and facts.layer_of_node.get(reader) == facts.layer_of_node.get(node.name)):
+                fused.add(out.name)
+                if first(reader) != first(node.name):
+                    chain[first(reader)] = first(node.name)
+    read: set[tuple[str, str]] = set()  # (chain, value) read by the chain already
+    traffic: dict[str, list[str]] = {}
+    for node in facts.order:
+        if node.name not in vector:
+            continue
+        names = []
+        for value in moved(node.inputs):
+            key = (first(node.name), value.name)
+            if value.name not in fused and key not in read:
+                read.add(key)
+                names.append(value.name)
+        traffic[node.name] = names + [v.name for v in moved(node.outputs) if v.name not in fused]
+    return traffic
 
 
 def _experts_side_by_side(graph: Graph) -> list[Node]:
