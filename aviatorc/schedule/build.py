@@ -498,7 +498,7 @@ class _Builder:
                 for relay, label in forwarded:
                     self.entries[relay].append(Send(label, home, partial_bytes))
                     arrivals.append(Recv(label, relay, partial_bytes))
-            self._receive_inputs(node, c, query_only=c != home)
+            self._receive_inputs(node, c)
             fields = dict(node=node.name, flops=flops * nbytes // total, bytes=nbytes, vector_bytes=0, kind=kind,
                           part=part)
             if streamed:
@@ -545,13 +545,13 @@ class _Builder:
     def _compute(self, chiplet: int, layer: int, **fields: Any) -> None:
         self.entries[chiplet].append(self._make_compute(chiplet, layer, **fields))
 
-    def _receive_inputs(self, node: Node, chiplet: int, *, query_only: bool = False) -> None:
-        """Recv each input `node` reads on `chiplet` that is not there yet (with `query_only`, its
-        first: an attention part away from home, see `_readers`)."""
+    def _receive_inputs(self, node: Node, chiplet: int) -> None:
+        """Recv each input `node` reads on `chiplet` (`_readers`) that is not there yet."""
         weight = node.inputs[0] if node.op == "Gather" and node.name in self.facts.uses else (
             node.inputs[1] if node.name in self.facts.uses else None)
-        for value in node.inputs[:1] if query_only else node.inputs:
-            if value is None or value is weight or value.is_initializer or self.key(value.name) not in self.location:
+        for value in node.inputs:
+            if (value is None or value is weight or value.is_initializer or self.key(value.name) not in self.location
+                    or chiplet not in self._readers(node, value)):
                 continue
             name = self.key(value.name)
             source = self.sender.get((name, chiplet), self.location[name])
