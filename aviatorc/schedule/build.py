@@ -576,14 +576,16 @@ class _Builder:
         return self.node_chiplets[(user.name, self.block)]
 
     def _broadcast(self, value: Value, source: int, targets: list[int]) -> None:
-        """A tree, as collective libraries broadcast: one copy crosses to each other card (then to
-        each other package), where its first reader receives it at once and forwards it to the rest
-        of its group. A copy per reader would serialize them all on the source's slowest port."""
-        nbytes, name = self.wire_bytes(value), self.key(value.name)
+        """A tree, as collective libraries broadcast: a copy crosses to each other card (then to
+        each other package) as a binomial tree over them (`_across`), where the group's first
+        reader receives it at once and forwards it to the rest of its group. A copy per reader
+        would serialize them all on the source's slowest port; a copy per group from the source
+        still serializes the groups: 7 other cards took 7 crossings in turn, the tree 3."""
         card, package = self.target.card_of, self.target.package_of
         level = card if any(card(c) != card(source) for c in targets) else (
             package if any(package(c) != package(source) for c in targets) else None)
         if level is None:
+            name, nbytes = self.key(value.name), self.wire_bytes(value)
             for c in targets:
                 self.entries[source].append(Send(ValueRef(name), c, nbytes))
                 self.sender[(name, c)] = source
@@ -591,15 +593,25 @@ class _Builder:
         groups: dict[int, list[int]] = {}
         for c in targets:
             groups.setdefault(level(c), []).append(c)
-        for key, members in sorted(groups.items()):
-            if key == level(source):
-                self._broadcast(value, source, members)
-                continue
-            relay = members[0]
-            self.entries[source].append(Send(ValueRef(name), relay, nbytes))
-            self.entries[relay].append(Recv(ValueRef(name), source, nbytes))
+        own = groups.pop(level(source), [])
+        self._across(value, source, [members for _, members in sorted(groups.items())])
+        if own:
+            self._broadcast(value, source, own)
+
+    def _across(self, value: Value, holder: int, groups: list[list[int]]) -> None:
+        """`holder` sends to the first reader of the far half of `groups`, which carries the value
+        on to that half while `holder` goes on with the near half: every round doubles the
+        groups that have it."""
+        name, nbytes = self.key(value.name), self.wire_bytes(value)
+        while groups:
+            far, groups = groups[len(groups) // 2:], groups[:len(groups) // 2]
+            relay = far[0][0]
+            self.entries[holder].append(Send(ValueRef(name), relay, nbytes))
+            self.entries[relay].append(Recv(ValueRef(name), holder, nbytes))
             self.delivered.add((name, relay))
-            self._broadcast(value, relay, members[1:])
+            self._across(value, relay, far[1:])
+            if far[0][1:]:
+                self._broadcast(value, relay, far[0][1:])
 
     # -- loads ---------------------------------------------------------------------------
 
